@@ -1,0 +1,55 @@
+package limit
+
+// Item is one limit a request matched, as a store sees it: the key whose state
+// it counts against and how to count.
+type Item struct {
+	// Key names the state. Stores treat it as opaque bytes; the same bytes must
+	// always be checked with the same Algorithm and Window.
+	Key []byte
+	// Spec says how to count.
+	Spec Spec
+	// Shadow items are counted and reported but never deny the request.
+	Shadow bool
+	// FailClosed items are denied, rather than decided on local knowledge,
+	// when the store that holds them cannot answer (security-critical limits
+	// such as logins). Stores without a failure mode ignore it.
+	FailClosed bool
+}
+
+// Admit reports whether a request whose items got the decisions ds is admitted:
+// every item that is not shadow allowed it. It is the rule stores apply before
+// they add hits (Decide), and is exported so that every store applies the same one.
+func Admit(items []Item, ds []Decision) bool {
+	for i := range items {
+		if !ds[i].Allowed && !items[i].Shadow {
+			return false
+		}
+	}
+	return true
+}
+
+// Decide evaluates items against states at now as one atomic step, the contract
+// every store implements: each state is advanced and asked, and only when the
+// request is admitted (Admit) are hits added, and then only to the items that
+// allowed them (a shadow item over its limit stays at its limit). A denied
+// request therefore consumes no quota of any limit it matched. The caller
+// holds whatever locks make the step atomic; states[i] belongs to items[i].
+func Decide(now, hits int64, items []Item, states []*State, out []Decision) bool {
+	for i := range items {
+		items[i].Spec.Advance(states[i], now)
+		out[i] = items[i].Spec.Peek(states[i], now, hits)
+	}
+	ok := Admit(items, out)
+	for i := range items {
+		switch {
+		case !out[i].Allowed:
+		case ok:
+			items[i].Spec.Add(states[i], now, hits)
+		default:
+			// This limit had room, but another denied the request: nothing was
+			// spent, so its room is what it was.
+			out[i].Remaining += hits
+		}
+	}
+	return ok
+}
