@@ -85,6 +85,9 @@ func (h *histogram) quantile(q float64) time.Duration {
 	for i, c := range h.counts {
 		seen += c
 		if seen >= rank {
+			if i == histBuckets-1 { // open-ended top bucket
+				return time.Duration(h.max)
+			}
 			return time.Duration(min(histMid(i), h.max))
 		}
 	}

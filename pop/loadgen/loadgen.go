@@ -19,14 +19,16 @@ const (
 )
 
 // Report is the outcome of one run. It is a plain value: safe to copy and to
-// read concurrently; the zero value is an empty report.
+// read concurrently; the zero value is an empty report. Latencies cover
+// answered requests only, from writing the request to reading the last body
+// byte, with about 1% relative error (Max is exact).
 type Report struct {
-	Requests  int64         `json:"requests"`  // requests answered with a parsable HTTP response
-	Decisions int64         `json:"decisions"` // rate-limit decisions: checks in requests answered 200 or 429
-	Errors    int64         `json:"errors"`    // failed dials and requests (write/read/parse errors)
-	LastError string        `json:"last_error,omitempty"`
-	Status    map[int]int64 `json:"status"` // HTTP status code -> responses
-	Elapsed   time.Duration `json:"elapsed_ns"`
+	Requests  int64         `json:"requests"`             // requests answered with a parsable HTTP response
+	Decisions int64         `json:"decisions"`            // rate-limit decisions: checks in requests answered 200 or 429
+	Errors    int64         `json:"errors"`               // failed dials and requests (write/read/parse errors)
+	LastError string        `json:"last_error,omitempty"` // one of the errors, for diagnosis; "" when Errors == 0
+	Status    map[int]int64 `json:"status"`               // HTTP status code -> responses; never nil after Run
+	Elapsed   time.Duration `json:"elapsed_ns"`           // from the first request to the end of the last
 	P50       time.Duration `json:"p50_ns"`
 	P99       time.Duration `json:"p99_ns"`
 	P999      time.Duration `json:"p999_ns"`

@@ -7,6 +7,7 @@ package store
 import (
 	"context"
 	"hash/maphash"
+	"math"
 	"sync"
 	"sync/atomic"
 
@@ -14,7 +15,7 @@ import (
 )
 
 const (
-	shardCount = 256 // a power of two; far more shards than cores keeps locks uncontended
+	shardCount = 256 // the top 8 bits of a key's hash; far more shards than cores keeps locks uncontended
 	// evictSample is how many keys a full shard looks at to choose one to evict.
 	evictSample = 8
 	// maxInline is how many items a check handles without allocating.
@@ -55,16 +56,14 @@ type Memory struct {
 }
 
 type shard struct {
-	mu   sync.Mutex
-	m    map[string]*entry
-	free []*entry // entries of evicted keys, reused for new keys
-	_    [64 - 40]byte
+	mu sync.Mutex
+	t  table
+	_  [128 - 80]byte // a shard per two cache lines: no false sharing between cores
 }
 
-type entry struct {
-	st     limit.State
-	idleAt int64 // when st stops mattering; see limit.Spec.IdleAt
-}
+// inUse marks a slot taken by the check under way, so that making room for
+// another key of the same check never evicts it.
+const inUse = math.MaxInt64
 
 // NewMemory returns an empty store.
 func NewMemory(cfg MemoryConfig) *Memory {
@@ -74,7 +73,7 @@ func NewMemory(cfg MemoryConfig) *Memory {
 	}
 	s := &Memory{seed: maphash.MakeSeed(), perShard: max(maxKeys/shardCount, 1)}
 	for i := range s.shards {
-		s.shards[i].m = make(map[string]*entry)
+		s.shards[i].t.rng = uint64(i)*0x9E3779B97F4A7C15 | 1
 	}
 	return s
 }
@@ -84,38 +83,45 @@ func NewMemory(cfg MemoryConfig) *Memory {
 // out, which must be at least as long as items. It never fails; ctx is unused.
 func (s *Memory) CheckAt(_ context.Context, now, hits int64, items []limit.Item, out []limit.Decision) error {
 	if len(items) == 1 { // the common case, without the ordering work
-		sh := &s.shards[s.shardOf(items[0].Key)]
+		h := s.hash(items[0].Key)
+		sh := &s.shards[h>>56]
 		sh.mu.Lock()
-		e := sh.get(s, items[0].Key, now)
-		d := items[0].Spec.Take(&e.st, now, hits) // a shadow limit adds only what it allowed, as Decide does
-		e.idleAt = items[0].Spec.IdleAt(&e.st)
+		sl := &sh.t.slots[sh.get(s, h, items[0].Key, now)]
+		out[0] = items[0].Spec.Take(&sl.st, now, hits) // a shadow limit adds only what it allowed, as Decide does
+		sl.idleAt = items[0].Spec.IdleAt(&sl.st)
 		sh.mu.Unlock()
-		out[0] = d
 		return nil
 	}
 
 	var (
-		shardBuf [maxInline]int
+		hashBuf  [maxInline]uint64
 		orderBuf [maxInline]int
 		stateBuf [maxInline]*limit.State
-		entryBuf [maxInline]*entry
 	)
-	idx, states, entries := shardBuf[:0], stateBuf[:0], entryBuf[:0]
+	hashes, order, states := hashBuf[:0], orderBuf[:0], stateBuf[:0]
 	for i := range items {
-		idx = append(idx, s.shardOf(items[i].Key))
+		h := s.hash(items[i].Key)
+		hashes = append(hashes, h)
+		order = append(order, int(h>>56))
 	}
-	order := sortedUnique(append(orderBuf[:0], idx...))
+	order = sortedUnique(order)
 	for _, si := range order {
 		s.shards[si].mu.Lock()
 	}
-	for i := range items {
-		e := s.shards[idx[i]].get(s, items[i].Key, now)
-		entries = append(entries, e)
-		states = append(states, &e.st)
+	// Find or make every slot first, marked in use; then take pointers, which
+	// no later insert in the same shard can move.
+	for i, h := range hashes {
+		sh := &s.shards[h>>56]
+		sh.t.slots[sh.get(s, h, items[i].Key, now)].idleAt = inUse
+	}
+	for _, h := range hashes {
+		t := &s.shards[h>>56].t
+		states = append(states, &t.slots[t.find(h)].st)
 	}
 	limit.Decide(now, hits, items, states, out)
-	for i, e := range entries {
-		e.idleAt = items[i].Spec.IdleAt(&e.st)
+	for i, h := range hashes {
+		t := &s.shards[h>>56].t
+		t.slots[t.find(h)].idleAt = items[i].Spec.IdleAt(states[i])
 	}
 	for i := len(order) - 1; i >= 0; i-- {
 		s.shards[order[i]].mu.Unlock()
@@ -129,7 +135,7 @@ func (s *Memory) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += len(sh.m)
+		n += sh.t.n
 		sh.mu.Unlock()
 	}
 	return n
@@ -157,75 +163,59 @@ func (s *Memory) SweepAt(now int64) int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		for k, e := range sh.m {
-			if e.idleAt <= now {
-				delete(sh.m, k)
-				sh.recycle(e)
+		t := &sh.t
+		for j := uint64(0); j < uint64(len(t.slots)); {
+			if sl := &t.slots[j]; sl.hash != 0 && sl.idleAt <= now {
+				t.remove(j) // a later slot may shift into j: look at j again
 				removed++
+				continue
 			}
+			j++
 		}
 		sh.mu.Unlock()
 	}
 	return removed
 }
 
-func (s *Memory) shardOf(key []byte) int {
-	return int(maphash.Bytes(s.seed, key) & (shardCount - 1))
+func (s *Memory) hash(key []byte) uint64 {
+	h := maphash.Bytes(s.seed, key)
+	if h == 0 {
+		h = 1 // 0 marks an empty slot
+	}
+	return h
 }
 
-// get returns key's entry, creating it (and making room) when absent.
-// Requires sh.mu held.
-func (sh *shard) get(s *Memory, key []byte, now int64) *entry {
-	if e, ok := sh.m[string(key)]; ok {
-		return e
+// get returns the slot index of the key with hash h, creating the slot (and
+// making room) when absent. Requires sh.mu held.
+func (sh *shard) get(s *Memory, h uint64, key []byte, now int64) int {
+	if i := sh.t.find(h); i >= 0 {
+		return i
 	}
-	if len(sh.m) >= s.perShard {
+	if sh.t.n >= s.perShard {
 		sh.evict(s, now)
 	}
-	var e *entry
-	if n := len(sh.free); n > 0 {
-		e, sh.free = sh.free[n-1], sh.free[:n-1]
-	} else {
-		e = new(entry)
-	}
-	sh.m[string(key)] = e
-	return e
+	return sh.t.insert(h, key)
 }
 
 // evict removes one key: among a sample, the one that turns idle first.
 // Requires sh.mu held.
 func (sh *shard) evict(s *Memory, now int64) {
-	var (
-		victim string
-		ve     *entry
-		n      int
-	)
-	for k, e := range sh.m { // map iteration starts at a random slot
-		if ve == nil || e.idleAt < ve.idleAt {
-			victim, ve = k, e
-		}
-		if n++; n == evictSample || ve.idleAt <= now {
-			break
+	var buf [evictSample]int
+	victim := -1
+	for _, i := range sh.t.sample(evictSample, buf[:0]) {
+		if victim < 0 || sh.t.slots[i].idleAt < sh.t.slots[victim].idleAt {
+			victim = i
 		}
 	}
-	if ve == nil {
-		return
+	if victim < 0 || sh.t.slots[victim].idleAt == inUse {
+		return // every sampled key belongs to the check under way
 	}
-	if ve.idleAt <= now {
+	if sh.t.slots[victim].idleAt <= now {
 		s.evictedIdle.Add(1)
 	} else {
 		s.evictedLive.Add(1)
 	}
-	delete(sh.m, victim)
-	sh.recycle(ve)
-}
-
-// recycle keeps e for reuse. Requires sh.mu held.
-func (sh *shard) recycle(e *entry) {
-	if len(sh.free) < 64 {
-		*e = entry{}
-		sh.free = append(sh.free, e)
-	}
+	sh.t.remove(uint64(victim))
 }
 
 // sortedUnique sorts out in place and drops repeats; out is short.

@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -83,7 +85,7 @@ func TestMemoryBoundedEviction(t *testing.T) {
 	later := 0
 	for i := 0; later < 3*shardCount; i++ {
 		k := fmt.Sprint("later-", i)
-		if sh := s.shardOf([]byte(k)); perShard[sh] < 4 {
+		if sh := int(s.hash([]byte(k)) >> 56); perShard[sh] < 4 {
 			perShard[sh]++
 			later++
 			check(t1, k)
@@ -122,3 +124,52 @@ func TestMemoryKeepsCountingKeys(t *testing.T) {
 		t.Fatal("hot key was reset: a 4th hit within its minute was allowed")
 	}
 }
+
+// BenchmarkMemoryCheck is one decision on the embedded store: one limit, a hot
+// key or 1M keys in a fixed pseudo-random order (as real traffic defeats the
+// cache), serial and parallel. The key is built in a reused buffer, as the
+// engine builds it, so the benchmark measures the store and not a key array.
+func BenchmarkMemoryCheck(b *testing.B) {
+	spec := limit.Spec{Algorithm: limit.SlidingWindow, Limit: 1 << 40, Window: int64(time.Minute)}
+	key := func(dst []byte, i uint32) []byte {
+		return strconv.AppendUint(append(dst[:0], "bench:"...), uint64(i), 10)
+	}
+	for _, keys := range []uint32{1, 1 << 20} {
+		s := NewMemory(MemoryConfig{MaxKeys: 2 << 20})
+		now := limittest.T0.UnixNano()
+		out := make([]limit.Decision, 1)
+		var buf []byte
+		for i := range keys {
+			buf = key(buf, i)
+			_ = s.CheckAt(context.Background(), now, 1, []limit.Item{{Key: buf, Spec: spec}}, out)
+		}
+		runtime.GC() // the million inserts' garbage is not the checks' cost
+		run := func(pb interface{ Next() bool }, seed uint32) {
+			items := []limit.Item{{Spec: spec}}
+			out := make([]limit.Decision, 1)
+			var buf []byte
+			x := seed
+			for pb.Next() {
+				x ^= x << 13
+				x ^= x >> 17
+				x ^= x << 5
+				buf = key(buf, x%keys)
+				items[0].Key = buf
+				_ = s.CheckAt(context.Background(), now, 1, items, out)
+			}
+		}
+		b.Run(fmt.Sprintf("keys=%d/serial", keys), func(b *testing.B) {
+			b.ReportAllocs()
+			run(loop{b}, 1)
+		})
+		b.Run(fmt.Sprintf("keys=%d/parallel", keys), func(b *testing.B) {
+			b.ReportAllocs()
+			var seed atomic.Uint32
+			b.RunParallel(func(pb *testing.PB) { run(pb, seed.Add(0x9E3779B9)|1) })
+		})
+	}
+}
+
+type loop struct{ b *testing.B }
+
+func (l loop) Next() bool { return l.b.Loop() }

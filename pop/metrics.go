@@ -1,0 +1,138 @@
+package pop
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgelimit/edgelimit/pop/rules"
+)
+
+// Metrics are the PoP's Prometheus metrics. Labels stay low-cardinality: a
+// domain and a rule name come from the rule files, never from a request, and
+// no metric is labelled by key. A nil *Metrics records nothing.
+type Metrics struct {
+	decisions      *prometheus.CounterVec
+	unknownDomains prometheus.Counter
+	storeErrors    prometheus.Counter
+	latency        *prometheus.HistogramVec
+	reloads        *prometheus.CounterVec
+	rulesLoaded    prometheus.Gauge
+	badRequests    *prometheus.CounterVec
+
+	byLimit atomic.Pointer[map[*rules.Limit]*limitCounters]
+}
+
+type limitCounters struct {
+	allowed, denied, shadowDenied, spared prometheus.Counter
+}
+
+// NewMetrics creates the metrics and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edgelimit_decisions_total",
+			Help: "Limit decisions by domain, rule and outcome: allowed (counted), denied (this limit denied the request), shadow_denied (a shadow_mode limit would have denied), spared (this limit had room but another denied the request, so nothing was counted).",
+		}, []string{"domain", "rule", "outcome"}),
+		unknownDomains: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edgelimit_unknown_domain_checks_total",
+			Help: "Checks for a domain no rule file defines; they are allowed, as Envoy's ratelimit does.",
+		}),
+		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edgelimit_check_store_errors_total",
+			Help: "Checks the counter store could not decide (answered 500).",
+		}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "edgelimit_check_duration_seconds",
+			Help:    "Time to decide a check, from a decoded request to a decision, by API.",
+			Buckets: []float64{5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 50e-3},
+		}, []string{"api"}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edgelimit_rule_reloads_total",
+			Help: "Rule file loads by result (ok, error). After an error the last good rules stay in force.",
+		}, []string{"result"}),
+		rulesLoaded: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "edgelimit_rules_loaded_timestamp_seconds",
+			Help: "When the rules in force were loaded.",
+		}),
+		badRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edgelimit_bad_requests_total",
+			Help: "Requests rejected with 400, by API.",
+		}, []string{"api"}),
+	}
+	reg.MustRegister(m.decisions, m.unknownDomains, m.storeErrors, m.latency, m.reloads, m.rulesLoaded, m.badRequests)
+	return m
+}
+
+// RulesLoaded records a successful load of set and resolves its counters.
+func (m *Metrics) RulesLoaded(set *rules.Set) {
+	if m == nil {
+		return
+	}
+	by := make(map[*rules.Limit]*limitCounters)
+	for _, l := range set.Limits() {
+		c := func(outcome string) prometheus.Counter { return m.decisions.WithLabelValues(l.Domain, l.Name, outcome) }
+		by[l] = &limitCounters{allowed: c("allowed"), denied: c("denied"), shadowDenied: c("shadow_denied"), spared: c("spared")}
+	}
+	m.byLimit.Store(&by)
+	m.reloads.WithLabelValues("ok").Inc()
+	m.rulesLoaded.SetToCurrentTime()
+}
+
+// RulesFailed records a rule load that failed.
+func (m *Metrics) RulesFailed() {
+	if m != nil {
+		m.reloads.WithLabelValues("error").Inc()
+	}
+}
+
+// ObserveCheck records how long a check took on api ("check", "batch", "authz").
+func (m *Metrics) ObserveCheck(api string, d time.Duration) {
+	if m != nil {
+		m.latency.WithLabelValues(api).Observe(d.Seconds())
+	}
+}
+
+// BadRequest counts a request rejected with 400 on api.
+func (m *Metrics) BadRequest(api string) {
+	if m != nil {
+		m.badRequests.WithLabelValues(api).Inc()
+	}
+}
+
+func (m *Metrics) decision(l *rules.Limit, allowed, admitted bool) {
+	if m == nil {
+		return
+	}
+	by := m.byLimit.Load()
+	if by == nil {
+		return
+	}
+	c := (*by)[l]
+	if c == nil { // a check that raced a reload
+		return
+	}
+	switch {
+	case !allowed && l.Shadow:
+		c.shadowDenied.Inc()
+	case !allowed:
+		c.denied.Inc()
+	case admitted:
+		c.allowed.Inc()
+	default:
+		c.spared.Inc()
+	}
+}
+
+func (m *Metrics) unknownDomain() {
+	if m != nil {
+		m.unknownDomains.Inc()
+	}
+}
+
+func (m *Metrics) storeError() {
+	if m != nil {
+		m.storeErrors.Inc()
+	}
+}
