@@ -205,9 +205,9 @@ type Node struct {
 }
 
 type keyNode struct {
-	values    map[string]*Node // exact value
-	prefixes  []prefixNode     // value "abc*", longest first
-	any       *Node            // no value: every value gets its own counter
+	values   map[string]*Node // exact value
+	prefixes []prefixNode     // value "abc*", longest first
+	any      *Node            // no value: every value gets its own counter
 }
 
 type prefixNode struct {
@@ -334,7 +334,7 @@ type ForwardAuth struct {
 type AuthEntry struct {
 	Key string
 	// From names where the value comes from: "client_ip" (X-Real-IP, else the
-	// first X-Forwarded-For address, else the peer), "method" and "path"
+	// last X-Forwarded-For address, which the proxy appended, else the peer), "method" and "path"
 	// (X-Original-Method/-URI or X-Forwarded-Method/-Uri, else the request's
 	// own), "method_path" ("POST /orders"), "host" (X-Forwarded-Host, else Host),
 	// or "header:Name" for any header. Empty when Value is a constant.

@@ -1,0 +1,477 @@
+// Package httpapi is a PoP's HTTP interface:
+//
+//	POST /v1/check        one check, the JSON mapping of Envoy's RateLimitRequest
+//	POST /v1/check/batch  many independent checks in one request
+//	ANY  /v1/authz[/...]  forward auth for nginx auth_request, Traefik
+//	                      ForwardAuth and Envoy ext_authz (HTTP)
+//	GET  /healthz         the process is up
+//	GET  /readyz          the PoP can answer checks
+//	GET  /metrics         Prometheus
+//
+// Every check response carries X-RateLimit-Limit, X-RateLimit-Remaining and
+// X-RateLimit-Reset (Unix seconds), and the IETF RateLimit-Policy and
+// RateLimit fields (draft-ietf-httpapi-ratelimit-headers-10) for the most
+// restrictive limit; a denial adds Retry-After, which is never earlier than the
+// RateLimit field's t. Malformed requests get 400 with a JSON body naming the
+// problem.
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/edgelimit/edgelimit/pop"
+)
+
+// Bounds on request bodies.
+const (
+	// DefaultMaxBody caps a check's body.
+	DefaultMaxBody = 64 << 10
+	// MaxBatch caps the checks of one batch request.
+	MaxBatch = 1000
+)
+
+// Config configures a Server.
+type Config struct {
+	Engine *pop.Engine
+	// Metrics may be nil.
+	Metrics *pop.Metrics
+	// MetricsHandler serves /metrics; nil leaves it out.
+	MetricsHandler http.Handler
+	// Ready reports whether the PoP can answer checks; nil means always.
+	Ready func() error
+	// MaxBody caps request bodies; 0 means DefaultMaxBody (×MaxBatch/8 for batches).
+	MaxBody int64
+	Logger  *slog.Logger
+	// Now reads the clock; nil means time.Now. The simulator and tests set it.
+	Now func() time.Time
+}
+
+// Server serves the HTTP API. It is safe for concurrent use.
+type Server struct {
+	cfg  Config
+	mux  *http.ServeMux
+	bufs sync.Pool // *reqState
+}
+
+// reqState is one request's reusable memory.
+type reqState struct {
+	body []byte
+	out  []byte
+	req  pop.Request
+	res  pop.Result
+}
+
+// New returns a Server.
+func New(cfg Config) *Server {
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = DefaultMaxBody
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	s := &Server{cfg: cfg, mux: http.NewServeMux()}
+	s.bufs.New = func() any { return &reqState{body: make([]byte, 0, 1024), out: make([]byte, 0, 1024)} }
+	s.mux.HandleFunc("/v1/check", s.handleCheck)
+	s.mux.HandleFunc("/v1/check/batch", s.handleBatch)
+	s.mux.HandleFunc("/v1/authz", s.handleAuthz)
+	s.mux.HandleFunc("/v1/authz/", s.handleAuthz)
+	s.mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, []byte(`{"status":"ok"}`))
+	})
+	s.mux.HandleFunc("/readyz", s.handleReady)
+	if cfg.MetricsHandler != nil {
+		s.mux.Handle("/metrics", cfg.MetricsHandler)
+	}
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "NOT_FOUND", "", fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
+	})
+	return s
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Ready != nil {
+		if err := s.cfg.Ready(); err != nil {
+			writeError(w, http.StatusServiceUnavailable, "NOT_READY", "", err.Error())
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, []byte(`{"status":"ready"}`))
+}
+
+func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", "POST")
+		writeError(w, http.StatusMethodNotAllowed, "METHOD_NOT_ALLOWED", "", "use POST with a JSON RateLimitRequest body")
+		return
+	}
+	st := s.bufs.Get().(*reqState)
+	defer s.bufs.Put(st)
+	if err := s.readBody(w, r, st, s.cfg.MaxBody); err != nil {
+		s.badRequest(w, "check", "", err.Error())
+		return
+	}
+	st.req = pop.Request{Descriptors: st.req.Descriptors[:0]}
+	if err := decodeStrict(st.body, &st.req); err != nil {
+		s.badRequest(w, "check", "", err.Error())
+		return
+	}
+	now := s.cfg.Now()
+	err := s.cfg.Engine.CheckAt(r.Context(), now, &st.req, &st.res)
+	s.cfg.Metrics.ObserveCheck("check", s.cfg.Now().Sub(now))
+	if err != nil {
+		s.checkFailed(w, "check", err)
+		return
+	}
+	setHeaders(w.Header(), now, &st.res)
+	st.out = appendResult(st.out[:0], &st.res)
+	status := http.StatusOK
+	if st.res.Code == pop.OverLimit {
+		status = http.StatusTooManyRequests
+		// The Envoy-shaped result gains the error object of a client-facing 429.
+		st.out = append(st.out[:len(st.out)-1], `,"error":`...)
+		st.out = appendDenial(st.out, &st.req, &st.res)
+		st.out = append(st.out, '}')
+	}
+	writeJSON(w, status, st.out)
+}
+
+type batchRequest struct {
+	Checks []pop.Request `json:"checks"`
+}
+
+func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", "POST")
+		writeError(w, http.StatusMethodNotAllowed, "METHOD_NOT_ALLOWED", "", `use POST with {"checks":[RateLimitRequest, ...]}`)
+		return
+	}
+	st := s.bufs.Get().(*reqState)
+	defer s.bufs.Put(st)
+	if err := s.readBody(w, r, st, s.cfg.MaxBody*MaxBatch/8); err != nil {
+		s.badRequest(w, "batch", "", err.Error())
+		return
+	}
+	var batch batchRequest
+	if err := decodeStrict(st.body, &batch); err != nil {
+		s.badRequest(w, "batch", "", err.Error())
+		return
+	}
+	switch {
+	case len(batch.Checks) == 0:
+		s.badRequest(w, "batch", "checks", "checks: at least one check is required")
+		return
+	case len(batch.Checks) > MaxBatch:
+		s.badRequest(w, "batch", "checks", fmt.Sprintf("checks: %d checks, the limit is %d", len(batch.Checks), MaxBatch))
+		return
+	}
+	now := s.cfg.Now()
+	out := append(st.out[:0], `{"results":[`...)
+	for i := range batch.Checks {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		err := s.cfg.Engine.CheckAt(r.Context(), now, &batch.Checks[i], &st.res)
+		var re *pop.RequestError
+		switch {
+		case errors.As(err, &re):
+			out = append(out, `{"error":{"code":"BAD_REQUEST","field":`...)
+			out = appendString(out, fmt.Sprintf("checks[%d].%s", i, re.Field))
+			out = append(out, `,"message":`...)
+			out = appendString(out, re.Error())
+			out = append(out, `}}`...)
+		case err != nil:
+			out = append(out, `{"error":{"code":"STORE_UNAVAILABLE","message":`...)
+			out = appendString(out, err.Error())
+			out = append(out, `}}`...)
+		default:
+			out = appendResult(out, &st.res)
+		}
+	}
+	out = append(out, "]}"...)
+	st.out = out
+	s.cfg.Metrics.ObserveCheck("batch", s.cfg.Now().Sub(now))
+	writeJSON(w, http.StatusOK, out)
+}
+
+// readBody reads r's body into st.body, at most limit bytes.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, st *reqState, limit int64) error {
+	if r.ContentLength > limit {
+		return fmt.Errorf("body: %d bytes, the limit is %d", r.ContentLength, limit)
+	}
+	body := bytes.NewBuffer(st.body[:0])
+	_, err := body.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
+	st.body = body.Bytes()
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		return fmt.Errorf("body: larger than the limit of %d bytes", limit)
+	case err != nil:
+		return fmt.Errorf("body: %v", err)
+	case len(st.body) == 0:
+		return errors.New("body: empty; want a JSON object")
+	}
+	return nil
+}
+
+// decodeStrict decodes one JSON value into v, rejecting unknown fields and
+// trailing data, with messages that say where the problem is.
+func decodeStrict(body []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var se *json.SyntaxError
+		var te *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &se):
+			return fmt.Errorf("malformed JSON at byte %d: %v", se.Offset, se)
+		case errors.As(err, &te):
+			return fmt.Errorf("field %s: want %s, got JSON %s", te.Field, te.Type, te.Value)
+		case errors.Is(err, io.ErrUnexpectedEOF):
+			return errors.New("malformed JSON: unexpected end of body")
+		}
+		return fmt.Errorf("malformed request: %v", err)
+	}
+	if dec.More() {
+		return errors.New("malformed JSON: data after the request object")
+	}
+	return nil
+}
+
+func (s *Server) badRequest(w http.ResponseWriter, api, field, msg string) {
+	s.cfg.Metrics.BadRequest(api)
+	writeError(w, http.StatusBadRequest, "BAD_REQUEST", field, msg)
+}
+
+func (s *Server) checkFailed(w http.ResponseWriter, api string, err error) {
+	var re *pop.RequestError
+	if errors.As(err, &re) {
+		s.badRequest(w, api, re.Field, re.Error())
+		return
+	}
+	if errors.Is(err, context.Canceled) {
+		return // the client went away
+	}
+	s.cfg.Logger.Error("check failed", "api", api, "err", err)
+	writeError(w, http.StatusServiceUnavailable, "STORE_UNAVAILABLE", "", err.Error())
+}
+
+// seconds rounds d up to whole seconds, as headers carry them.
+func seconds(d time.Duration) int64 {
+	return int64(math.Ceil(d.Seconds()))
+}
+
+var (
+	hLimit     = http.CanonicalHeaderKey("X-RateLimit-Limit")
+	hRemaining = http.CanonicalHeaderKey("X-RateLimit-Remaining")
+	hReset     = http.CanonicalHeaderKey("X-RateLimit-Reset")
+	hPolicy    = http.CanonicalHeaderKey("RateLimit-Policy")
+	hRateLimit = http.CanonicalHeaderKey("RateLimit")
+	hRetry     = http.CanonicalHeaderKey("Retry-After")
+)
+
+// setHeaders writes the rate limit fields of res to h. t is the time until
+// reset when allowed and the time until the request would fit when denied, so
+// that Retry-After equals t and is never earlier.
+func setHeaders(h http.Header, now time.Time, res *pop.Result) {
+	if res.Decisive < 0 {
+		return
+	}
+	st := &res.Statuses[res.Decisive]
+	t := seconds(st.Reset)
+	if st.Code == pop.OverLimit {
+		t = max(seconds(st.RetryAfter), 1)
+		h[hRetry] = []string{strconv.FormatInt(t, 10)}
+	}
+	h[hLimit] = []string{strconv.FormatInt(st.Limit.Spec.Limit, 10)}
+	h[hRemaining] = []string{strconv.FormatInt(st.Remaining, 10)}
+	h[hReset] = []string{strconv.FormatInt(now.Unix()+t, 10)}
+
+	var b []byte
+	for i, l := range res.Policies {
+		dup := false
+		for _, p := range res.Policies[:i] {
+			dup = dup || p.Name == l.Name
+		}
+		if dup {
+			continue
+		}
+		if len(b) > 0 {
+			b = append(b, ", "...)
+		}
+		b = appendPolicy(b, l.Name, l.Spec.Limit, seconds(l.Unit.Duration()))
+	}
+	h[hPolicy] = []string{string(b)}
+	b = appendSFString(b[:0], st.Limit.Name)
+	b = append(b, ";r="...)
+	b = strconv.AppendInt(b, st.Remaining, 10)
+	b = append(b, ";t="...)
+	b = strconv.AppendInt(b, t, 10)
+	h[hRateLimit] = []string{string(b)}
+}
+
+func appendPolicy(b []byte, name string, q, w int64) []byte {
+	b = appendSFString(b, name)
+	b = append(b, ";q="...)
+	b = strconv.AppendInt(b, q, 10)
+	b = append(b, ";w="...)
+	return strconv.AppendInt(b, w, 10)
+}
+
+// appendSFString appends s as a Structured Field string (RFC 9651 §3.3.3):
+// quoted, with '"' and '\' escaped; other non-printable bytes cannot appear in
+// one and are replaced by '?'.
+func appendSFString(b []byte, s string) []byte {
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20 || c > 0x7e:
+			b = append(b, '?')
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
+}
+
+// appendResult appends res as Envoy's RateLimitResponse JSON.
+func appendResult(b []byte, res *pop.Result) []byte {
+	b = append(b, `{"overall_code":"`...)
+	b = append(b, res.Code.String()...)
+	b = append(b, `","statuses":[`...)
+	for i := range res.Statuses {
+		st := &res.Statuses[i]
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"code":"`...)
+		b = append(b, st.Code.String()...)
+		b = append(b, '"')
+		if st.Limit != nil {
+			b = append(b, `,"current_limit":{"name":`...)
+			b = appendString(b, st.Limit.Name)
+			b = append(b, `,"requests_per_unit":`...)
+			b = strconv.AppendInt(b, st.Limit.Spec.Limit, 10)
+			b = append(b, `,"unit":"`...)
+			b = append(b, st.Limit.Unit.Upper()...)
+			b = append(b, `"},"limit_remaining":`...)
+			b = strconv.AppendInt(b, st.Remaining, 10)
+			b = append(b, `,"duration_until_reset":"`...)
+			reset := st.Reset
+			if st.Code == pop.OverLimit {
+				reset = st.RetryAfter
+			}
+			b = strconv.AppendInt(b, seconds(reset), 10)
+			b = append(b, `s"`...)
+		}
+		b = append(b, '}')
+	}
+	return append(b, "]}"...)
+}
+
+// appendDenial appends the client-facing error object of a 429.
+func appendDenial(b []byte, req *pop.Request, res *pop.Result) []byte {
+	st := &res.Statuses[res.Decisive]
+	retry := max(seconds(st.RetryAfter), 1)
+	desc := req.Descriptors[res.Decisive].Describe()
+	b = append(b, `{"code":"RATE_LIMITED","message":`...)
+	b = appendString(b, fmt.Sprintf("Rate limit exceeded for %s. Retry after %d seconds.", desc, retry))
+	b = append(b, `,"retry_after":`...)
+	b = strconv.AppendInt(b, retry, 10)
+	b = append(b, `,"limit":`...)
+	b = strconv.AppendInt(b, st.Limit.Spec.Limit, 10)
+	b = append(b, `,"window":"`...)
+	b = append(b, shortDuration(st.Limit.Unit.Duration())...)
+	b = append(b, `","scope":`...)
+	b = appendString(b, desc)
+	b = append(b, `,"policy":`...)
+	b = appendString(b, st.Limit.Name)
+	return append(b, '}')
+}
+
+// shortDuration renders a unit's window as 1s, 1m, 1h or 1d.
+func shortDuration(d time.Duration) string {
+	switch d {
+	case time.Second:
+		return "1s"
+	case time.Minute:
+		return "1m"
+	case time.Hour:
+		return "1h"
+	case 24 * time.Hour:
+		return "1d"
+	}
+	return d.String()
+}
+
+// appendString appends s as a JSON string.
+func appendString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for _, r := range s {
+		switch {
+		case r == '"' || r == '\\':
+			b = append(b, '\\', byte(r))
+		case r < 0x20:
+			b = append(b, '\\', 'u', '0', '0', hex[r>>4], hex[r&0xf])
+		case r == '\u2028' || r == '\u2029':
+			b = append(b, `\u202`...)
+			b = append(b, hex[r&0xf])
+		case r == 0xfffd:
+			b = append(b, `\ufffd`...) // invalid UTF-8 in the input
+		default:
+			b = append(b, string(r)...)
+		}
+	}
+	return append(b, '"')
+}
+
+func writeJSON(w http.ResponseWriter, status int, body []byte) {
+	h := w.Header()
+	h["Content-Type"] = []string{"application/json"}
+	h["Content-Length"] = []string{strconv.Itoa(len(body))}
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// writeError writes {"error":{"code","message"[,"field"]}}.
+func writeError(w http.ResponseWriter, status int, code, field, msg string) {
+	b := append([]byte(`{"error":{"code":"`), code...)
+	b = append(b, `","message":`...)
+	b = appendString(b, msg)
+	if field != "" {
+		b = append(b, `,"field":`...)
+		b = appendString(b, field)
+	}
+	b = append(b, "}}"...)
+	writeJSON(w, status, b)
+}
+
+// trimPrefixPath strips the /v1/authz prefix Envoy's ext_authz path_prefix adds.
+func trimPrefixPath(p string) string {
+	p = strings.TrimPrefix(p, "/v1/authz")
+	if p == "" {
+		return "/"
+	}
+	return p
+}

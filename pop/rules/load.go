@@ -1,0 +1,861 @@
+package rules
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/edgelimit/edgelimit/pop/limit"
+)
+
+// Warning is a problem in a rule file that does not stop it from loading,
+// such as an Envoy field that edgelimit ignores.
+type Warning struct {
+	File string
+	Line int // 0 when the warning is about the whole file
+	Msg  string
+}
+
+// String formats the warning as "file:line: message".
+func (w Warning) String() string { return where(w.File, w.Line) + w.Msg }
+
+// Error is a problem in a rule file that stops the rule set from loading.
+type Error struct {
+	File string
+	Line int // 0 when the error is about the whole file
+	Msg  string
+}
+
+// Error formats the error as "file:line: message".
+func (e *Error) Error() string { return where(e.File, e.Line) + e.Msg }
+
+func where(file string, line int) string {
+	if line > 0 {
+		return file + ":" + strconv.Itoa(line) + ": "
+	}
+	return file + ": "
+}
+
+const (
+	// maxFileSize bounds one rule file; rule files are hand-written and small.
+	maxFileSize = 16 << 20
+	// maxErrors is how many errors one file reports before giving up.
+	maxErrors = 20
+	// maxDepth bounds the nesting of descriptors and of YAML merge keys.
+	maxDepth = 64
+	// maxWork bounds the mappings and aliases walked in one file, so that
+	// YAML aliases (which may even form cycles) cannot make a small file
+	// expand without bound.
+	maxWork = 1 << 18
+)
+
+// Envoy ratelimit fields that edgelimit accepts and ignores, with a warning.
+var (
+	envoyDescriptorFields = []string{"detailed_metric", "value_to_metric", "share_threshold"}
+	envoyRateLimitFields  = []string{"replaces"}
+)
+
+// Load reads rule files and builds a Set. Each path is a file or a directory;
+// a directory contributes its *.yaml and *.yml files in name order, not
+// recursively, skipping names that start with "." (such as the ..data entries
+// of a Kubernetes ConfigMap mount). Every file holds one domain in the format
+// of Envoy's ratelimit service plus edgelimit's extensions (see the package
+// documentation and deploy/examples/rules.yaml).
+//
+// Fields that only Envoy implements load with a Warning. Everything else that
+// is wrong — bad YAML, an unknown field, a missing key, an unknown unit,
+// algorithm or scope, an invalid limit, duplicate sibling descriptors, two
+// files with the same domain, an unreadable path — is an error naming the file
+// and line; errors of several files are joined. On error the Set is nil and
+// the warnings found so far are still returned. Load never panics.
+func Load(paths ...string) (*Set, []Warning, error) {
+	files, warns, err := readFiles(paths)
+	if err != nil {
+		return nil, warns, err
+	}
+	set, w, err := build(files)
+	return set, append(warns, w...), err
+}
+
+// ruleFile is one rule file's name and contents.
+type ruleFile struct {
+	name string
+	data []byte
+}
+
+// listFiles expands path into the rule files it names: the path itself when
+// it is not a directory, else the directory's rule files in name order. A
+// directory without rule files yields a warning.
+func listFiles(path string) ([]string, []Warning, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !fi.IsDir() {
+		return []string{path}, nil, nil
+	}
+	entries, err := os.ReadDir(path) // sorted by name
+	if err != nil {
+		return nil, nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		n := e.Name()
+		if strings.HasPrefix(n, ".") || !(strings.HasSuffix(n, ".yaml") || strings.HasSuffix(n, ".yml")) {
+			continue
+		}
+		p := filepath.Join(path, n)
+		// Stat follows symlinks: ConfigMap files are links into ..data.
+		if fi, err := os.Stat(p); err != nil {
+			return nil, nil, err
+		} else if fi.IsDir() {
+			continue
+		}
+		out = append(out, p)
+	}
+	if len(out) == 0 {
+		return nil, []Warning{{File: path, Msg: "directory holds no *.yaml or *.yml rule files"}}, nil
+	}
+	return out, nil, nil
+}
+
+// readFiles lists and reads the rule files of paths.
+func readFiles(paths []string) ([]ruleFile, []Warning, error) {
+	var files []ruleFile
+	var warns []Warning
+	for _, p := range paths {
+		names, w, err := listFiles(p)
+		warns = append(warns, w...)
+		if err != nil {
+			return nil, warns, fmt.Errorf("rule path %s: %w", p, err)
+		}
+		for _, n := range names {
+			data, err := readFile(n)
+			if err != nil {
+				return nil, warns, err
+			}
+			files = append(files, ruleFile{n, data})
+		}
+	}
+	return files, warns, nil
+}
+
+func readFile(name string) ([]byte, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, fmt.Errorf("rule file %s: %w", name, err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("rule file %s: %w", name, err)
+	}
+	if len(data) > maxFileSize {
+		return nil, &Error{File: name, Msg: fmt.Sprintf("file is larger than %d bytes", maxFileSize)}
+	}
+	return data, nil
+}
+
+// build parses files and assembles the Set. Each file is checked completely,
+// so one run reports the errors of every file.
+func build(files []ruleFile) (*Set, []Warning, error) {
+	var (
+		domains []*Domain
+		warns   []Warning
+		errs    []error
+		seen    = map[string]string{} // domain -> file
+	)
+	for _, f := range files {
+		d, w, fileErrs := parseFile(f.name, f.data)
+		warns = append(warns, w...)
+		if len(fileErrs) > 0 {
+			errs = append(errs, fileErrs...)
+			continue
+		}
+		if first, dup := seen[d.Name]; dup {
+			errs = append(errs, &Error{File: f.name, Msg: fmt.Sprintf("domain %q is already defined in %s; one file per domain", d.Name, first)})
+			continue
+		}
+		seen[d.Name] = f.name
+		domains = append(domains, d)
+	}
+	if len(errs) > 0 {
+		return nil, warns, errors.Join(errs...)
+	}
+	set, err := NewSet(domains...)
+	if err != nil { // unreachable: names were checked above
+		return nil, warns, err
+	}
+	return set, warns, nil
+}
+
+// yamlLine matches the line that yaml puts into its syntax errors.
+var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+// yamlParserProblems are the problems of yaml's parser (as opposed to its
+// scanner). yaml reports their lines counted from 0 — the line where the
+// enclosing block or flow collection starts — so yamlError adds 1.
+var yamlParserProblems = []string{
+	"did not find expected ',' or ",
+	"did not find expected '-' indicator",
+	"did not find expected <",
+	"did not find expected key",
+	"did not find expected node content",
+	"found duplicate %",
+	"found incompatible YAML document",
+	"found undefined tag handle",
+}
+
+// yamlError turns a yaml syntax error into an Error with the line yaml names.
+func yamlError(file string, err error) *Error {
+	msg := err.Error()
+	if m := yamlLine.FindStringSubmatch(msg); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		for _, prefix := range yamlParserProblems {
+			if strings.HasPrefix(m[2], prefix) {
+				line++
+				break
+			}
+		}
+		return &Error{File: file, Line: line, Msg: "invalid YAML: " + m[2]}
+	}
+	return &Error{File: file, Msg: "invalid YAML: " + strings.TrimPrefix(msg, "yaml: ")}
+}
+
+// parseFile parses one rule file into a Domain.
+func parseFile(name string, data []byte) (*Domain, []Warning, []error) {
+	p := &parser{file: name}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	switch err := dec.Decode(&doc); {
+	case err == io.EOF:
+		return nil, nil, []error{&Error{File: name, Msg: "file is empty; want a domain and descriptors"}}
+	case err != nil:
+		return nil, nil, []error{yamlError(name, err)}
+	}
+	var extra yaml.Node
+	switch err := dec.Decode(&extra); {
+	case err == nil:
+		return nil, nil, []error{&Error{File: name, Line: extra.Line, Msg: "a second YAML document; a rule file holds one domain"}}
+	case err != io.EOF:
+		return nil, nil, []error{yamlError(name, err)}
+	}
+	root := &doc
+	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
+		root = root.Content[0]
+	}
+	d := p.domain(root)
+	if len(p.errs) > 0 {
+		return nil, p.warns, p.errs
+	}
+	return d, p.warns, nil
+}
+
+// parser walks one file's yaml.Node tree, collecting errors and warnings
+// with their lines.
+type parser struct {
+	file   string
+	errs   []error
+	warns  []Warning
+	work   int
+	limits []*Limit // in file order, for naming
+	named  []bool   // limits[i] has a configured name
+}
+
+func (p *parser) errorf(n *yaml.Node, format string, args ...any) {
+	if len(p.errs) == maxErrors {
+		p.errs = append(p.errs, &Error{File: p.file, Msg: "too many errors; stopping"})
+	}
+	if len(p.errs) > maxErrors {
+		return
+	}
+	p.errs = append(p.errs, &Error{File: p.file, Line: line(n), Msg: fmt.Sprintf(format, args...)})
+}
+
+func (p *parser) warnf(n *yaml.Node, format string, args ...any) {
+	p.warns = append(p.warns, Warning{File: p.file, Line: line(n), Msg: fmt.Sprintf(format, args...)})
+}
+
+func line(n *yaml.Node) int {
+	if n == nil {
+		return 0
+	}
+	return n.Line
+}
+
+// spend counts work against maxWork and reports whether the walk goes on:
+// it stops when the work or the error count runs out.
+func (p *parser) spend(n *yaml.Node) bool {
+	p.work++
+	if p.work == maxWork {
+		p.errorf(n, "document is too large once its aliases are expanded")
+	}
+	return p.work < maxWork && len(p.errs) <= maxErrors
+}
+
+// resolve follows aliases.
+func (p *parser) resolve(n *yaml.Node) *yaml.Node {
+	for n != nil && n.Kind == yaml.AliasNode {
+		if !p.spend(n) {
+			return nil
+		}
+		n = n.Alias
+	}
+	return n
+}
+
+// field is one key: value pair of a mapping.
+type field struct {
+	key, val *yaml.Node
+}
+
+// mapping returns the pairs of the mapping n, described as what in messages.
+// Keys must be in allowed, or in ignored (which warns that edgelimit ignores
+// them). YAML merge keys ("<<") are honoured. It returns nil and reports an
+// error when n is not a mapping.
+func (p *parser) mapping(n *yaml.Node, what string, allowed, ignored []string) map[string]field {
+	out := map[string]field{}
+	if !p.mergeInto(out, n, what, allowed, ignored, true, 0) {
+		return nil
+	}
+	return out
+}
+
+func (p *parser) mergeInto(out map[string]field, n *yaml.Node, what string, allowed, ignored []string, explicit bool, depth int) bool {
+	at := n
+	n = p.resolve(n)
+	if n == nil || !p.spend(at) {
+		return false
+	}
+	if n.Kind != yaml.MappingNode {
+		p.errorf(at, "%s must be a mapping, got %s", what, kind(n))
+		return false
+	}
+	if depth > maxDepth {
+		p.errorf(at, "%s: merge keys nest deeper than %d", what, maxDepth)
+		return false
+	}
+	var merges []*yaml.Node
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind != yaml.ScalarNode {
+			p.errorf(k, "%s has a key that is not a string", what)
+			continue
+		}
+		if k.Value == "<<" && k.ShortTag() == "!!merge" {
+			merges = append(merges, v)
+			continue
+		}
+		if f, dup := out[k.Value]; dup {
+			if explicit {
+				p.errorf(k, "duplicate field %q in %s (first at line %d)", k.Value, what, f.key.Line)
+			}
+			continue // explicit keys win over merged ones
+		}
+		switch {
+		case slices.Contains(allowed, k.Value):
+		case slices.Contains(ignored, k.Value):
+			if explicit {
+				p.warnf(k, "%s is not implemented by edgelimit and is ignored", k.Value)
+			}
+		default:
+			p.errorf(k, "unknown field %q in %s", k.Value, what)
+			continue
+		}
+		out[k.Value] = field{k, v}
+	}
+	for _, m := range merges {
+		src := p.resolve(m)
+		if src != nil && src.Kind == yaml.SequenceNode {
+			for _, s := range src.Content {
+				if !p.mergeInto(out, s, what, allowed, ignored, false, depth+1) {
+					return false
+				}
+			}
+		} else if !p.mergeInto(out, m, what, allowed, ignored, false, depth+1) {
+			return false
+		}
+	}
+	return true
+}
+
+func kind(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		if n.ShortTag() == "!!null" {
+			return "nothing"
+		}
+		return fmt.Sprintf("%q", n.Value)
+	}
+	return "nothing"
+}
+
+// str returns the string value of the scalar f.val; null is "".
+func (p *parser) str(f field, what string) (string, bool) {
+	n := p.resolve(f.val)
+	if n == nil {
+		return "", false
+	}
+	if n.Kind != yaml.ScalarNode {
+		p.errorf(f.val, "%s must be a string, got %s", what, kind(n))
+		return "", false
+	}
+	if n.ShortTag() == "!!null" {
+		return "", true
+	}
+	return n.Value, true
+}
+
+// integer returns the integer value of f.val.
+func (p *parser) integer(f field, what string) (int64, bool) {
+	n := p.resolve(f.val)
+	var v int64
+	if n == nil {
+		return 0, false
+	}
+	if n.Kind != yaml.ScalarNode || n.ShortTag() == "!!null" || n.Decode(&v) != nil {
+		p.errorf(f.val, "%s must be an integer, got %s", what, kind(n))
+		return 0, false
+	}
+	return v, true
+}
+
+// boolean returns the boolean value of f.val; YAML 1.1's yes/no/on/off are
+// accepted as Envoy's YAML library does.
+func (p *parser) boolean(f field, what string) (bool, bool) {
+	n := p.resolve(f.val)
+	var v bool
+	if n == nil {
+		return false, false
+	}
+	if n.Kind != yaml.ScalarNode || n.ShortTag() == "!!null" || n.Decode(&v) != nil {
+		p.errorf(f.val, "%s must be true or false, got %s", what, kind(n))
+		return false, false
+	}
+	return v, true
+}
+
+// list returns the items of the sequence f.val; null is an empty list.
+func (p *parser) list(f field, what string) ([]*yaml.Node, bool) {
+	n := p.resolve(f.val)
+	if n == nil {
+		return nil, false
+	}
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+		return nil, true
+	}
+	if n.Kind != yaml.SequenceNode {
+		p.errorf(f.val, "%s must be a list, got %s", what, kind(n))
+		return nil, false
+	}
+	return n.Content, true
+}
+
+// domain parses the top level of a rule file.
+func (p *parser) domain(n *yaml.Node) *Domain {
+	m := p.mapping(n, "the rule file", []string{"domain", "descriptors", "forward_auth"}, nil)
+	if m == nil {
+		return nil
+	}
+	f, ok := m["domain"]
+	if !ok {
+		p.errorf(n, "domain is required")
+		return nil
+	}
+	name, ok := p.str(f, "domain")
+	if !ok {
+		return nil
+	}
+	if name == "" {
+		p.errorf(f.key, "domain must not be empty")
+		return nil
+	}
+	root := &Node{}
+	if f, ok := m["descriptors"]; ok {
+		items, _ := p.list(f, "descriptors")
+		p.descriptors(items, "", root, 1)
+	}
+	d := NewDomain(name, p.file, root)
+	if f, ok := m["forward_auth"]; ok {
+		d.ForwardAuth = p.forwardAuth(f)
+	}
+	p.nameLimits()
+	for _, l := range p.limits {
+		l.Domain = name
+	}
+	return d
+}
+
+// descriptors parses one descriptor list below node, whose path is path.
+func (p *parser) descriptors(items []*yaml.Node, path string, node *Node, depth int) {
+	type sibling struct{ key, value string }
+	seen := map[sibling]int{}
+	for _, item := range items {
+		if depth > maxDepth {
+			p.errorf(item, "descriptors nest deeper than %d levels", maxDepth)
+			return
+		}
+		m := p.mapping(item, "descriptor", []string{"key", "value", "rate_limit", "rate_limits", "shadow_mode", "descriptors"}, envoyDescriptorFields)
+		if m == nil {
+			continue
+		}
+		var key, value string
+		if f, ok := m["key"]; !ok {
+			p.errorf(item, "descriptor has no key")
+			continue
+		} else if key, ok = p.str(f, "key"); !ok {
+			continue
+		} else if key == "" {
+			p.errorf(f.val, "descriptor key must not be empty")
+			continue
+		}
+		if f, ok := m["value"]; ok {
+			if value, ok = p.str(f, "value"); !ok {
+				continue
+			}
+		}
+		if first, dup := seen[sibling{key, value}]; dup {
+			p.errorf(item, "duplicate descriptor key %q value %q (first at line %d)", key, value, first)
+			continue
+		}
+		seen[sibling{key, value}] = line(item)
+
+		childPath := key
+		if path != "" {
+			childPath = path + "." + key
+		}
+		if value != "" {
+			childPath += "=" + value
+		}
+		// Every descriptor gets its node, even one without limits: as in
+		// Envoy, a configured value without a limit shadows the key-only
+		// descriptor beside it (it "whitelists" that value).
+		child := node.Child(key, value)
+
+		shadow := false
+		if f, ok := m["shadow_mode"]; ok {
+			shadow, _ = p.boolean(f, "shadow_mode")
+		}
+		p.descriptorLimits(m, childPath, child, shadow)
+		if f, ok := m["descriptors"]; ok {
+			sub, _ := p.list(f, "descriptors")
+			p.descriptors(sub, childPath, child, depth+1)
+		}
+	}
+}
+
+// descriptorLimits parses rate_limit or rate_limits of one descriptor and
+// adds the limits to node.
+func (p *parser) descriptorLimits(m map[string]field, path string, node *Node, shadow bool) {
+	one, hasOne := m["rate_limit"]
+	many, hasMany := m["rate_limits"]
+	var objs []field
+	switch {
+	case hasOne && hasMany:
+		p.errorf(many.key, "a descriptor has rate_limit or rate_limits, not both")
+		return
+	case hasOne:
+		if n := p.resolve(one.val); n != nil && n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+			p.warnf(one.key, "rate_limit is empty and is ignored")
+			return
+		}
+		objs = []field{one}
+	case hasMany:
+		items, ok := p.list(many, "rate_limits")
+		if !ok {
+			return
+		}
+		if len(items) == 0 {
+			p.errorf(many.key, "rate_limits must list at least one limit")
+			return
+		}
+		for _, it := range items {
+			objs = append(objs, field{it, it})
+		}
+	default:
+		return
+	}
+
+	type counter struct {
+		alg   limit.Algorithm
+		unit  Unit
+		scope Scope
+	}
+	seen := map[counter]int{}
+	var limits []*Limit
+	var named []bool
+	for _, f := range objs {
+		l, hasName, ok := p.rateLimit(f)
+		if !ok {
+			continue
+		}
+		l.Path, l.Shadow = path, shadow
+		if l.Unlimited && len(objs) > 1 {
+			p.errorf(f.key, "an unlimited limit cannot share a descriptor with other limits")
+			continue
+		}
+		c := counter{l.Spec.Algorithm, l.Unit, l.Scope}
+		if first, dup := seen[c]; dup {
+			p.errorf(f.key, "two limits with algorithm %s, unit %s and scope %s would share one counter (first at line %d)", c.alg, c.unit, c.scope, first)
+			continue
+		}
+		seen[c] = line(f.key)
+		limits = append(limits, l)
+		named = append(named, hasName)
+	}
+	for i, l := range limits {
+		if !named[i] {
+			l.Name = path
+			if len(objs) > 1 {
+				l.Name += "_" + l.Unit.String()
+			}
+		}
+	}
+	node.Add(limits...)
+	p.limits = append(p.limits, limits...)
+	p.named = append(p.named, named...)
+}
+
+// rateLimit parses one rate_limit object. f.key is where messages point for
+// the object as a whole.
+func (p *parser) rateLimit(f field) (l *Limit, hasName, ok bool) {
+	m := p.mapping(f.val, "rate_limit", []string{"unit", "requests_per_unit", "unlimited", "name", "algorithm", "burst", "scope", "fail_closed"}, envoyRateLimitFields)
+	if m == nil {
+		return nil, false, false
+	}
+	errs := len(p.errs)
+	l = &Limit{}
+	if g, ok := m["unlimited"]; ok {
+		l.Unlimited, _ = p.boolean(g, "unlimited")
+	}
+	if g, ok := m["unit"]; ok {
+		if s, ok := p.str(g, "unit"); ok {
+			u, err := ParseUnit(s)
+			if err != nil {
+				p.errorf(g.val, "unit: %v", err)
+			}
+			l.Unit = u
+		}
+	} else if !l.Unlimited {
+		p.errorf(f.key, "rate_limit has no unit")
+	}
+	if g, ok := m["requests_per_unit"]; ok {
+		if v, ok := p.integer(g, "requests_per_unit"); ok {
+			switch {
+			case v < 0:
+				p.errorf(g.val, "requests_per_unit must be >= 0, got %d", v)
+			case v > 0 && l.Unlimited:
+				p.errorf(g.val, "requests_per_unit is %d but the limit is unlimited", v)
+			}
+			l.Spec.Limit = v
+		}
+	} else if !l.Unlimited {
+		p.errorf(f.key, "rate_limit has no requests_per_unit (0 denies every request)")
+	}
+	if g, ok := m["algorithm"]; ok {
+		if s, ok := p.str(g, "algorithm"); ok {
+			a, err := limit.ParseAlgorithm(s)
+			if err != nil {
+				p.errorf(g.val, "algorithm: %v", err)
+			}
+			l.Spec.Algorithm = a
+		}
+	}
+	if g, ok := m["burst"]; ok {
+		if v, ok := p.integer(g, "burst"); ok {
+			switch {
+			case l.Spec.Algorithm != limit.TokenBucket && l.Spec.Algorithm != limit.GCRA:
+				p.errorf(g.key, "burst applies to token_bucket and gcra only, not to %s", l.Spec.Algorithm)
+			case v < 0:
+				p.errorf(g.val, "burst must be >= 0, got %d", v)
+			}
+			l.Spec.Burst = v
+		}
+	}
+	if g, ok := m["scope"]; ok {
+		if s, ok := p.str(g, "scope"); ok {
+			sc, err := ParseScope(s)
+			if err != nil {
+				p.errorf(g.val, "scope: %v", err)
+			}
+			l.Scope = sc
+		}
+	}
+	if g, ok := m["name"]; ok {
+		if s, ok := p.str(g, "name"); ok && s != "" {
+			if i := strings.IndexFunc(s, badNameRune); i >= 0 {
+				p.errorf(g.val, "name %q: character %q is not allowed (want printable ASCII without \" or \\)", s, s[i])
+			}
+			l.Name, hasName = s, true
+		}
+	}
+	if g, ok := m["fail_closed"]; ok {
+		l.FailClosed, _ = p.boolean(g, "fail_closed")
+	}
+	if len(p.errs) > errs {
+		return nil, false, false
+	}
+	l.Spec.Window = int64(l.Unit.Duration())
+	if err := l.Spec.Validate(); err != nil {
+		p.errorf(f.key, "rate_limit: %v", err)
+		return nil, false, false
+	}
+	return l, hasName, true
+}
+
+// badNameRune reports a character that a policy name may not hold: it is
+// reported in RateLimit-Policy as a structured-field string.
+func badNameRune(r rune) bool { return r < 0x20 || r > 0x7e || r == '"' || r == '\\' }
+
+// nameLimits makes the names of the file's limits unique: configured names
+// are kept first, in file order; a repeated name gets "_2", "_3", … appended.
+// Derived names (from the descriptor path, which holds request values) have
+// characters a policy name may not hold replaced by '_'.
+func (p *parser) nameLimits() {
+	used := map[string]bool{}
+	for _, configured := range []bool{true, false} {
+		for i, l := range p.limits {
+			if p.named[i] != configured {
+				continue
+			}
+			name := l.Name
+			if !configured {
+				name = strings.Map(func(r rune) rune {
+					if badNameRune(r) {
+						return '_'
+					}
+					return r
+				}, name)
+			}
+			if used[name] {
+				base := name
+				for k := 2; used[name]; k++ {
+					name = base + "_" + strconv.Itoa(k)
+				}
+			}
+			used[name] = true
+			l.Name = name
+		}
+	}
+}
+
+// forwardAuth parses the forward_auth section.
+func (p *parser) forwardAuth(f field) *ForwardAuth {
+	m := p.mapping(f.val, "forward_auth", []string{"deny_status", "descriptors"}, nil)
+	if m == nil {
+		return nil
+	}
+	fa := &ForwardAuth{DenyStatus: 429}
+	if g, ok := m["deny_status"]; ok {
+		if v, ok := p.integer(g, "deny_status"); ok {
+			if v < 400 || v > 499 {
+				p.errorf(g.val, "deny_status must be a 4xx status such as 429 or 403, got %d", v)
+			}
+			fa.DenyStatus = int(v)
+		}
+	}
+	g, ok := m["descriptors"]
+	if !ok {
+		p.errorf(f.key, "forward_auth has no descriptors")
+		return nil
+	}
+	items, ok := p.list(g, "forward_auth descriptors")
+	if ok && len(items) == 0 {
+		p.errorf(g.key, "forward_auth descriptors must not be empty")
+	}
+	for _, it := range items {
+		dm := p.mapping(it, "forward_auth descriptor", []string{"entries"}, nil)
+		if dm == nil {
+			continue
+		}
+		e, ok := dm["entries"]
+		if !ok {
+			p.errorf(it, "forward_auth descriptor has no entries")
+			continue
+		}
+		entries, ok := p.list(e, "entries")
+		if ok && len(entries) == 0 {
+			p.errorf(e.key, "entries must not be empty")
+		}
+		var desc []AuthEntry
+		for _, en := range entries {
+			if ae, ok := p.authEntry(en); ok {
+				desc = append(desc, ae)
+			}
+		}
+		fa.Descriptors = append(fa.Descriptors, desc)
+	}
+	return fa
+}
+
+func (p *parser) authEntry(n *yaml.Node) (AuthEntry, bool) {
+	var ae AuthEntry
+	m := p.mapping(n, "forward_auth entry", []string{"key", "from", "value"}, nil)
+	if m == nil {
+		return ae, false
+	}
+	k, ok := m["key"]
+	if !ok {
+		p.errorf(n, "forward_auth entry has no key")
+		return ae, false
+	}
+	if ae.Key, ok = p.str(k, "key"); !ok {
+		return ae, false
+	}
+	if ae.Key == "" {
+		p.errorf(k.val, "forward_auth entry key must not be empty")
+		return ae, false
+	}
+	from, hasFrom := m["from"]
+	value, hasValue := m["value"]
+	switch {
+	case hasFrom == hasValue:
+		p.errorf(n, "forward_auth entry %q needs exactly one of from and value", ae.Key)
+		return ae, false
+	case hasValue:
+		if ae.Value, ok = p.str(value, "value"); !ok {
+			return ae, false
+		}
+		if ae.Value == "" {
+			p.errorf(value.val, "forward_auth entry %q: value must not be empty", ae.Key)
+			return ae, false
+		}
+	default:
+		if ae.From, ok = p.str(from, "from"); !ok {
+			return ae, false
+		}
+		h, isHeader := strings.CutPrefix(ae.From, "header:")
+		if !slices.Contains(AuthSources, ae.From) && !(isHeader && isToken(h)) {
+			p.errorf(from.val, "from %q: want one of %s or header:<Name>", ae.From, strings.Join(AuthSources, ", "))
+			return ae, false
+		}
+	}
+	return ae, true
+}
+
+// isToken reports whether s is a valid HTTP header name (RFC 9110 token).
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,104 @@
+package rules
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"log/slog"
+	"time"
+)
+
+// DefaultWatchInterval is how often a Watcher polls when given no interval.
+const DefaultWatchInterval = time.Second
+
+// Watcher reloads rule files when they change. It polls rather than using
+// file system notifications: every interval it lists the paths as Load does,
+// reads every rule file and hashes the names and contents. A file that
+// appears, disappears or changes changes the hash, however the change was
+// made — written in place, replaced by an editor's rename, or swapped in by a
+// Kubernetes ConfigMap update (which re-points the ..data symlink). When the
+// hash changes the watcher loads exactly the bytes it hashed.
+//
+// A Watcher never calls onLoad with a bad rule set: when a load fails, the
+// caller's last good Set stays in force until the files change again and
+// load.
+type Watcher struct {
+	paths    []string
+	interval time.Duration
+	logger   *slog.Logger
+}
+
+// NewWatcher returns a Watcher of paths (files or directories, as for Load)
+// that polls every interval; an interval <= 0 means DefaultWatchInterval and
+// a nil logger discards.
+func NewWatcher(paths []string, interval time.Duration, logger *slog.Logger) *Watcher {
+	if interval <= 0 {
+		interval = DefaultWatchInterval
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Watcher{paths: append([]string(nil), paths...), interval: interval, logger: logger}
+}
+
+// Run polls until ctx is done. It checks at once, so the first onLoad (or
+// onError) comes without waiting an interval; after that it calls onLoad with
+// the new Set and its warnings whenever the files change and load, and
+// onError with the error whenever they change and do not (the caller logs
+// it). A failure to read the files counts as a change that fails to load.
+// The callbacks run on Run's goroutine, one at a time.
+func (w *Watcher) Run(ctx context.Context, onLoad func(*Set, []Warning), onError func(error)) {
+	t := time.NewTicker(w.interval)
+	defer t.Stop()
+	var last [sha256.Size]byte
+	first := true
+	for {
+		files, warns, readErr := readFiles(w.paths)
+		sum := fingerprint(files, readErr)
+		if first || sum != last {
+			first, last = false, sum
+			w.load(files, warns, readErr, onLoad, onError)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (w *Watcher) load(files []ruleFile, warns []Warning, readErr error, onLoad func(*Set, []Warning), onError func(error)) {
+	if readErr != nil {
+		onError(readErr)
+		return
+	}
+	set, more, err := build(files)
+	if err != nil {
+		onError(err)
+		return
+	}
+	warns = append(warns, more...)
+	w.logger.Info("rules loaded", "files", len(files), "domains", len(set.domains), "limits", len(set.Limits()), "warnings", len(warns))
+	onLoad(set, warns)
+}
+
+// fingerprint hashes the names and contents of files, or the read error.
+func fingerprint(files []ruleFile, readErr error) [sha256.Size]byte {
+	h := sha256.New()
+	var n [8]byte
+	put := func(b []byte) {
+		h.Write(binary.BigEndian.AppendUint64(n[:0], uint64(len(b))))
+		h.Write(b)
+	}
+	if readErr != nil {
+		put([]byte("error"))
+		put([]byte(readErr.Error()))
+	}
+	for _, f := range files {
+		put([]byte(f.name))
+		put(f.data)
+	}
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum
+}
