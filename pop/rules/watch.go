@@ -17,7 +17,9 @@ const DefaultWatchInterval = time.Second
 // appears, disappears or changes changes the hash, however the change was
 // made — written in place, replaced by an editor's rename, or swapped in by a
 // Kubernetes ConfigMap update (which re-points the ..data symlink). When the
-// hash changes the watcher loads exactly the bytes it hashed.
+// hash changes and then holds for one more poll (so a write in progress is not
+// mistaken for a broken file), the watcher loads exactly the bytes it hashed:
+// a change takes effect within two intervals.
 //
 // A Watcher never calls onLoad with a bad rule set: when a load fails, the
 // caller's last good Set stays in force until the files change again and
@@ -50,15 +52,19 @@ func NewWatcher(paths []string, interval time.Duration, logger *slog.Logger) *Wa
 func (w *Watcher) Run(ctx context.Context, onLoad func(*Set, []Warning), onError func(error)) {
 	t := time.NewTicker(w.interval)
 	defer t.Stop()
-	var last [sha256.Size]byte
+	var last, seen [sha256.Size]byte
 	first := true
 	for {
 		files, warns, readErr := readFiles(w.paths)
 		sum := fingerprint(files, readErr)
-		if first || sum != last {
+		// A change is acted on once the files read the same on two polls in a
+		// row: a file written in place can be read half-written (even empty),
+		// and that torn read must not be reported as a broken rule file.
+		if first || (sum != last && sum == seen) {
 			first, last = false, sum
 			w.load(files, warns, readErr, onLoad, onError)
 		}
+		seen = sum
 		select {
 		case <-ctx.Done():
 			return

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func testFlags() (*flag.FlagSet, *string, *string, *time.Duration, *listFlag) {
+	fs := flag.NewFlagSet("pop", flag.ContinueOnError)
+	fs.SetOutput(&bytes.Buffer{})
+	listen := fs.String("listen", "127.0.0.1:8080", "")
+	interval := fs.Duration("rules-interval", time.Second, "")
+	rules := &listFlag{values: []string{"default.yaml"}}
+	fs.Var(rules, "rules", "")
+	config := fs.String("config", "", "")
+	return fs, config, listen, interval, rules
+}
+
+func TestFlagPrecedence(t *testing.T) {
+	dir := t.TempDir()
+	cfgFile := filepath.Join(dir, "pop.yaml")
+	os.WriteFile(cfgFile, []byte("listen: 0.0.0.0:1\nrules-interval: 5s\nrules: [a.yaml, b.yaml]\n"), 0o644)
+
+	fs, config, listen, interval, rules := testFlags()
+	t.Setenv("EDGELIMIT_RULES_INTERVAL", "3s")
+	if err := parseFlags(fs, []string{"--config", cfgFile, "--listen", "127.0.0.1:2"}, config); err != nil {
+		t.Fatal(err)
+	}
+	// The command line beats the file; the environment beats the file.
+	if *listen != "127.0.0.1:2" || *interval != 3*time.Second || strings.Join(rules.values, ",") != "a.yaml,b.yaml" {
+		t.Fatalf("listen %q interval %v rules %v", *listen, *interval, rules.values)
+	}
+}
+
+func TestFlagErrors(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("listen: x\nlisten_addr: y\n"), 0o644)
+	badValue := filepath.Join(dir, "badvalue.yaml")
+	os.WriteFile(badValue, []byte("rules-interval: soon\n"), 0o644)
+	cases := []struct {
+		name string
+		args []string
+		env  string
+		want string
+	}{
+		{"unknown config key", []string{"--config", bad}, "", `bad.yaml:2: unknown setting "listen_addr"`},
+		{"bad config value", []string{"--config", badValue}, "", "badvalue.yaml:1: rules-interval"},
+		{"bad env value", nil, "fortnight", "EDGELIMIT_RULES_INTERVAL"},
+		{"missing config", []string{"--config", filepath.Join(dir, "nope.yaml")}, "", "config file"},
+		{"stray argument", []string{"extra"}, "", `unexpected argument "extra"`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			fs, config, _, _, _ := testFlags()
+			if c.env != "" {
+				t.Setenv("EDGELIMIT_RULES_INTERVAL", c.env)
+			}
+			err := parseFlags(fs, c.args, config)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want an error containing %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestRunPopBadFlags(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"pop", "--max-keys", "-1", "--rules", "x.yaml"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "--max-keys must be > 0") {
+		t.Fatalf("exit %d, stderr %q", code, errb.String())
+	}
+	errb.Reset()
+	if code := run([]string{"pop", "--listen"}, &out, &errb); code != 2 {
+		t.Fatalf("missing flag value: exit %d, stderr %q", code, errb.String())
+	}
+	errb.Reset()
+	if code := run([]string{"pop", "--rules", filepath.Join(t.TempDir(), "missing.yaml")}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "missing.yaml") {
+		t.Fatalf("missing rules: exit %d, stderr %q", code, errb.String())
+	}
+}

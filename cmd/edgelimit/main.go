@@ -1,0 +1,57 @@
+// Command edgelimit is the edge rate limiter: one binary whose subcommands run
+// a point of presence (pop) and drive one with load (load). It only parses
+// flags and wires packages together.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+)
+
+const usage = `edgelimit — an edge / multi-region rate limiter
+
+Usage:
+  edgelimit pop  [flags]   run a point of presence: the HTTP check API
+  edgelimit load [flags]   drive a PoP's check API with load and report req/s and latency
+  edgelimit help [command] show help
+
+Run 'edgelimit <command> --help' for a command's flags.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	var err error
+	switch cmd, rest := args[0], args[1:]; cmd {
+	case "pop":
+		err = runPop(rest, stdout, stderr)
+	case "load":
+		err = runLoad(rest, stdout)
+	case "help", "-h", "--help":
+		if len(rest) > 0 {
+			return run([]string{rest[0], "--help"}, stdout, stderr)
+		}
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "edgelimit: unknown command %q\n\n%s", cmd, usage)
+		return 2
+	}
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	}
+	fmt.Fprintf(stderr, "edgelimit %s: %v\n", args[0], err)
+	return 1
+}

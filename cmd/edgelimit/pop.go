@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/edgelimit/edgelimit/pop/node"
+	"github.com/edgelimit/edgelimit/pop/store"
+)
+
+const popUsage = `Usage: edgelimit pop [flags]
+
+Runs a point of presence: it answers rate limit checks over HTTP
+(POST /v1/check, POST /v1/check/batch, /v1/authz for proxies' forward auth,
+GET /healthz, /readyz, /metrics), deciding on a counter store and the rules in
+--rules, which it reloads when they change.
+
+Every flag can also be set by the environment variable EDGELIMIT_<FLAG>
+(upper case, '-' as '_', e.g. EDGELIMIT_LISTEN) or by a YAML file given with
+--config whose keys are the flag names. The command line wins over the
+environment, which wins over the file.
+
+Flags:
+`
+
+func runPop(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("pop", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		cfg    node.Config
+		rules  listFlag
+		config string
+		level  string
+		format string
+	)
+	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8080", "address of the HTTP API")
+	fs.Var(&rules, "rules", "rule `files or directories` (comma-separated or repeated); YAML in Envoy ratelimit's format")
+	fs.DurationVar(&cfg.RulesInterval, "rules-interval", time.Second, "how often to check the rule files for changes")
+	fs.StringVar(&cfg.DataDir, "data", "./data", "data `directory` for the PoP's durable state (created if missing)")
+	fs.StringVar(&cfg.Store, "store", "embedded", "counter store: embedded (in-process)")
+	fs.IntVar(&cfg.MaxKeys, "max-keys", store.DefaultMaxKeys, "most keys the embedded store holds (about 150 bytes each); idle keys go first")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take")
+	fs.StringVar(&level, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&format, "log-format", "text", "log format: text or json")
+	fs.StringVar(&config, "config", "", "YAML `file` of settings, keyed by flag name")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), popUsage)
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args, &config); err != nil {
+		return err
+	}
+	cfg.Rules = rules.values
+	switch {
+	case cfg.MaxKeys <= 0:
+		return fmt.Errorf("--max-keys must be > 0, got %d", cfg.MaxKeys)
+	case cfg.RulesInterval <= 0:
+		return fmt.Errorf("--rules-interval must be > 0, got %v", cfg.RulesInterval)
+	}
+	log, err := newLogger(stderr, level, format)
+	if err != nil {
+		return err
+	}
+	cfg.Logger = log
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return node.Run(ctx, cfg)
+}
+
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}

@@ -1,0 +1,210 @@
+// Package node runs a PoP process: it wires the rule watcher, the counter
+// store, the decision engine, the metrics and the HTTP API together and serves
+// until its context ends. cmd/edgelimit only parses flags into a Config and
+// calls Run.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/edgelimit/edgelimit/pop"
+	"github.com/edgelimit/edgelimit/pop/httpapi"
+	"github.com/edgelimit/edgelimit/pop/rules"
+	"github.com/edgelimit/edgelimit/pop/store"
+)
+
+// Config is a PoP's configuration.
+type Config struct {
+	// Listen is the HTTP API's address.
+	Listen string
+	// Rules are rule files or directories of rule files.
+	Rules []string
+	// RulesInterval is how often rule files are polled for changes.
+	RulesInterval time.Duration
+	// DataDir holds the PoP's durable state; it is created if missing.
+	DataDir string
+	// Store is "embedded" or a Redis URL.
+	Store string
+	// MaxKeys bounds the embedded store.
+	MaxKeys int
+	// SweepInterval is how often the embedded store drops idle keys.
+	SweepInterval time.Duration
+	// ShutdownTimeout bounds a graceful shutdown.
+	ShutdownTimeout time.Duration
+	Logger          *slog.Logger
+	// Ready, when set, receives the address the API listens on once it does.
+	Ready chan<- net.Addr
+}
+
+// Run serves a PoP until ctx ends, then shuts down gracefully. The rules must
+// load at start; later reloads that fail keep the last good rules.
+func Run(ctx context.Context, cfg Config) error {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if len(cfg.Rules) == 0 {
+		return errors.New("no rule files: give --rules a file or a directory (see deploy/examples/rules.yaml)")
+	}
+	set, warns, err := rules.Load(cfg.Rules...)
+	if err != nil {
+		return fmt.Errorf("rules: %w", err)
+	}
+	for _, w := range warns {
+		log.Warn("rules: " + w.String())
+	}
+	if cfg.DataDir != "" {
+		if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+			return fmt.Errorf("data directory: %w", err)
+		}
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := pop.NewMetrics(reg)
+
+	st, closeStore, err := openStore(cfg, reg)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+
+	eng := pop.NewEngine(st, set, metrics)
+	warnScopes(log, set)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var reloadFailing atomic.Bool
+	go rules.NewWatcher(cfg.Rules, cfg.RulesInterval, log).Run(ctx,
+		func(s *rules.Set, warns []rules.Warning) {
+			if s == set { // the watcher's first look finds what Run loaded
+				return
+			}
+			for _, w := range warns {
+				log.Warn("rules: " + w.String())
+			}
+			warnScopes(log, s)
+			eng.SetRules(s)
+			reloadFailing.Store(false)
+		},
+		func(err error) {
+			metrics.RulesFailed()
+			reloadFailing.Store(true)
+			log.Error("rules reload failed; the last good rules stay in force", "err", err)
+		})
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	api := httpapi.New(httpapi.Config{
+		Engine:         eng,
+		Metrics:        metrics,
+		MetricsHandler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
+		Logger:         log,
+	})
+	srv := &http.Server{
+		Handler:           api,
+		ReadHeaderTimeout: 5 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("PoP serving", "listen", ln.Addr().String(), "store", storeName(cfg.Store), "data", cfg.DataDir)
+	if cfg.Ready != nil {
+		cfg.Ready <- ln.Addr()
+	}
+
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down")
+	sctx, scancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer scancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	return nil
+}
+
+func storeName(s string) string {
+	if s == "" {
+		return "embedded"
+	}
+	return s
+}
+
+// openStore builds the counter store the configuration names and registers
+// its metrics.
+func openStore(cfg Config, reg prometheus.Registerer) (pop.Store, func(), error) {
+	switch cfg.Store {
+	case "", "embedded":
+		mem := store.NewMemory(store.MemoryConfig{MaxKeys: cfg.MaxKeys})
+		registerMemory(reg, mem)
+		stop := make(chan struct{})
+		go sweep(mem, cfg.SweepInterval, stop)
+		return mem, func() { close(stop) }, nil
+	}
+	return nil, nil, fmt.Errorf("store %q: want \"embedded\" (Redis arrives with its own flags)", cfg.Store)
+}
+
+func sweep(mem *store.Memory, every time.Duration, stop <-chan struct{}) {
+	if every <= 0 {
+		every = 10 * time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-t.C:
+			mem.SweepAt(now.UnixNano())
+		}
+	}
+}
+
+func registerMemory(reg prometheus.Registerer, mem *store.Memory) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "edgelimit_store_keys",
+			Help: "Keys held by the embedded store (active keys).",
+		}, func() float64 { return float64(mem.Len()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "edgelimit_store_evictions_total",
+			Help:        "Keys the embedded store evicted to stay within --max-keys: idle ones cost no accuracy; live ones restarted from zero.",
+			ConstLabels: prometheus.Labels{"kind": "idle"},
+		}, func() float64 { return float64(mem.Stats().EvictedIdle) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "edgelimit_store_evictions_total",
+			Help:        "Keys the embedded store evicted to stay within --max-keys: idle ones cost no accuracy; live ones restarted from zero.",
+			ConstLabels: prometheus.Labels{"kind": "live"},
+		}, func() float64 { return float64(mem.Stats().EvictedLive) }),
+	)
+}
+
+// warnScopes says plainly that region and global limits count this PoP alone
+// while it has no replication.
+func warnScopes(log *slog.Logger, set *rules.Set) {
+	for _, l := range set.Limits() {
+		if l.Scope != rules.ScopePOP {
+			log.Warn("limit has scope "+l.Scope.String()+" but this PoP does not replicate yet: it counts this PoP's hits only",
+				"domain", l.Domain, "limit", l.Name)
+		}
+	}
+}

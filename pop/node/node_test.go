@@ -1,0 +1,106 @@
+package node
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func rulesFile(n string) string {
+	return "domain: d\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: " + n + "}\n"
+}
+
+func check(t *testing.T, base string) (int, string) {
+	t.Helper()
+	resp, err := http.Post(base+"/v1/check", "application/json",
+		strings.NewReader(`{"domain":"d","descriptors":[{"entries":[{"key":"ip","value":"1.2.3.4"}]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, resp.Header.Get("X-RateLimit-Limit")
+}
+
+// A PoP serves checks, reloads its rules when the file changes, keeps the last
+// good rules when the new file is broken, and shuts down when its context ends.
+func TestRunServesAndReloads(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "rules.yaml")
+	os.WriteFile(file, []byte(rulesFile("2")), 0o644)
+	ready := make(chan net.Addr, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Config{Listen: "127.0.0.1:0", Rules: []string{file}, RulesInterval: 10 * time.Millisecond,
+			DataDir: filepath.Join(dir, "data"), ShutdownTimeout: time.Second, Ready: ready,
+			Logger: slog.New(slog.DiscardHandler)})
+	}()
+	var base string
+	select {
+	case a := <-ready:
+		base = "http://" + a.String()
+	case err := <-done:
+		t.Fatal(err)
+	}
+	for _, want := range []int{200, 200, 429} {
+		if got, _ := check(t, base); got != want {
+			t.Fatalf("status %d, want %d", got, want)
+		}
+	}
+	os.WriteFile(file, []byte(rulesFile("5")), 0o644)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if code, lim := check(t, base); code == 200 && lim == "5" {
+			break // the counts survived the reload: 3 of 5 used
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("new rules not in force after 5s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	os.WriteFile(file, []byte("domain: d\ndescriptors: [{key: ip, rate_limit: {unit: fortnight}}]\n"), 0o644)
+	time.Sleep(100 * time.Millisecond)
+	if _, lim := check(t, base); lim != "5" {
+		t.Fatalf("a broken rule file replaced the last good rules: limit %q", lim)
+	}
+	for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
+		resp, err := http.Get(base + p)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s: %v %v", p, err, resp)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if p == "/metrics" && !strings.Contains(string(body), `edgelimit_rule_reloads_total{result="error"}`) {
+			t.Fatal("/metrics does not count the failed reload")
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no shutdown within 5s")
+	}
+}
+
+func TestRunRejectsBadRules(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "rules.yaml")
+	os.WriteFile(file, []byte("domain: d\ndescriptors: [{key: ip, rate_limit: {unit: minute, request_per_unit: 1}}]\n"), 0o644)
+	err := Run(context.Background(), Config{Listen: "127.0.0.1:0", Rules: []string{file}, Logger: slog.New(slog.DiscardHandler)})
+	if err == nil || !strings.Contains(err.Error(), "rules.yaml:2") || !strings.Contains(err.Error(), "request_per_unit") {
+		t.Fatalf("got %v, want an error naming rules.yaml:2 and the field", err)
+	}
+	if err := Run(context.Background(), Config{Listen: "127.0.0.1:0"}); err == nil {
+		t.Fatal("no rules: want an error")
+	}
+}
