@@ -12,8 +12,10 @@ import (
 )
 
 // handleAuthz answers a forward-auth sub-request. The domain comes from the
-// X-Edgelimit-Domain header or the domain query parameter, else it is the one
-// domain whose rule file has a forward_auth section. Its descriptors are built
+// X-Edgelimit-Domain header, which the proxy sets, else it is the one domain
+// whose rule file has a forward_auth section. (Not from the query string:
+// behind Envoy's ext_authz the query is the client's own, and a client must
+// not choose which limits hold it.) Its descriptors are built
 // from the sub-request's headers (rules.AuthEntry). An allowed request gets 200
 // with the rate limit headers and no body; a denied one gets the domain's
 // deny_status (429 by default, 403 for nginx) with the headers and the JSON
@@ -21,9 +23,6 @@ import (
 func (s *Server) handleAuthz(w http.ResponseWriter, r *http.Request) {
 	set := s.cfg.Engine.Rules()
 	name := r.Header.Get("X-Edgelimit-Domain")
-	if name == "" {
-		name = r.URL.Query().Get("domain")
-	}
 	var dom *rules.Domain
 	if name != "" {
 		dom = set.Domain(name)
@@ -37,7 +36,7 @@ func (s *Server) handleAuthz(w http.ResponseWriter, r *http.Request) {
 				continue
 			}
 			if dom != nil {
-				s.badRequest(w, "authz", "domain", "several domains have forward_auth; name one with the X-Edgelimit-Domain header or ?domain=")
+				s.badRequest(w, "authz", "domain", "several domains have forward_auth; the proxy must name one in the X-Edgelimit-Domain header")
 				return
 			}
 			dom = d

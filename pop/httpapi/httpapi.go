@@ -30,8 +30,10 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/edgelimit/edgelimit/pop"
+	"github.com/edgelimit/edgelimit/pop/rules"
 )
 
 // Bounds on request bodies.
@@ -128,10 +130,14 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		s.badRequest(w, "check", "", err.Error())
 		return
 	}
-	st.req = pop.Request{Descriptors: st.req.Descriptors[:0]}
-	if err := decodeStrict(st.body, &st.req); err != nil {
-		s.badRequest(w, "check", "", err.Error())
-		return
+	if !decodeFast(st.body, &st.req) {
+		// A fresh value: encoding/json merges into existing slice elements,
+		// which would keep strings of an earlier request.
+		st.req = pop.Request{}
+		if err := decodeStrict(st.body, &st.req); err != nil {
+			s.badRequest(w, "check", "", err.Error())
+			return
+		}
 	}
 	now := s.cfg.Now()
 	err := s.cfg.Engine.CheckAt(r.Context(), now, &st.req, &st.res)
@@ -216,6 +222,16 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, st *reqState, 
 	if r.ContentLength > limit {
 		return fmt.Errorf("body: %d bytes, the limit is %d", r.ContentLength, limit)
 	}
+	if n := int(r.ContentLength); n > 0 { // the common case: read exactly that
+		if cap(st.body) < n {
+			st.body = make([]byte, n)
+		}
+		st.body = st.body[:n]
+		if _, err := io.ReadFull(r.Body, st.body); err != nil {
+			return fmt.Errorf("body: %v", err)
+		}
+		return nil
+	}
 	body := bytes.NewBuffer(st.body[:0])
 	_, err := body.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
 	st.body = body.Bytes()
@@ -289,22 +305,27 @@ var (
 
 // setHeaders writes the rate limit fields of res to h. t is the time until
 // reset when allowed and the time until the request would fit when denied, so
-// that Retry-After equals t and is never earlier.
+// that Retry-After equals t and is never earlier. The values share one string
+// and one slice, two allocations for all the fields.
 func setHeaders(h http.Header, now time.Time, res *pop.Result) {
 	if res.Decisive < 0 {
 		return
 	}
 	st := &res.Statuses[res.Decisive]
 	t := seconds(st.Reset)
-	if st.Code == pop.OverLimit {
+	denied := st.Code == pop.OverLimit
+	if denied {
 		t = max(seconds(st.RetryAfter), 1)
-		h[hRetry] = []string{strconv.FormatInt(t, 10)}
 	}
-	h[hLimit] = []string{strconv.FormatInt(st.Limit.Spec.Limit, 10)}
-	h[hRemaining] = []string{strconv.FormatInt(st.Remaining, 10)}
-	h[hReset] = []string{strconv.FormatInt(now.Unix()+t, 10)}
-
-	var b []byte
+	var buf [256]byte
+	b := buf[:0]
+	var ends [6]int
+	b = strconv.AppendInt(b, st.Limit.Spec.Limit, 10)
+	ends[0] = len(b)
+	b = strconv.AppendInt(b, st.Remaining, 10)
+	ends[1] = len(b)
+	b = strconv.AppendInt(b, now.Unix()+t, 10)
+	ends[2] = len(b)
 	for i, l := range res.Policies {
 		dup := false
 		for _, p := range res.Policies[:i] {
@@ -313,18 +334,36 @@ func setHeaders(h http.Header, now time.Time, res *pop.Result) {
 		if dup {
 			continue
 		}
-		if len(b) > 0 {
+		if len(b) > ends[2] {
 			b = append(b, ", "...)
 		}
 		b = appendPolicy(b, l.Name, l.Spec.Limit, seconds(l.Unit.Duration()))
 	}
-	h[hPolicy] = []string{string(b)}
-	b = appendSFString(b[:0], st.Limit.Name)
+	ends[3] = len(b)
+	b = appendSFString(b, st.Limit.Name)
 	b = append(b, ";r="...)
 	b = strconv.AppendInt(b, st.Remaining, 10)
 	b = append(b, ";t="...)
 	b = strconv.AppendInt(b, t, 10)
-	h[hRateLimit] = []string{string(b)}
+	ends[4] = len(b)
+	b = strconv.AppendInt(b, t, 10)
+	ends[5] = len(b)
+
+	all := string(b)
+	vals := make([]string, 6)
+	start := 0
+	for i, e := range ends {
+		vals[i] = all[start:e]
+		start = e
+	}
+	h[hLimit] = vals[0:1:1]
+	h[hRemaining] = vals[1:2:2]
+	h[hReset] = vals[2:3:3]
+	h[hPolicy] = vals[3:4:4]
+	h[hRateLimit] = vals[4:5:5]
+	if denied {
+		h[hRetry] = vals[5:6:6]
+	}
 }
 
 func appendPolicy(b []byte, name string, q, w int64) []byte {
@@ -393,20 +432,36 @@ func appendResult(b []byte, res *pop.Result) []byte {
 func appendDenial(b []byte, req *pop.Request, res *pop.Result) []byte {
 	st := &res.Statuses[res.Decisive]
 	retry := max(seconds(st.RetryAfter), 1)
-	desc := req.Descriptors[res.Decisive].Describe()
-	b = append(b, `{"code":"RATE_LIMITED","message":`...)
-	b = appendString(b, fmt.Sprintf("Rate limit exceeded for %s. Retry after %d seconds.", desc, retry))
-	b = append(b, `,"retry_after":`...)
+	entries := req.Descriptors[res.Decisive].Entries
+	b = append(b, `{"code":"RATE_LIMITED","message":"Rate limit exceeded for `...)
+	b = appendDescriptor(b, entries)
+	b = append(b, `. Retry after `...)
+	b = strconv.AppendInt(b, retry, 10)
+	b = append(b, ` seconds.","retry_after":`...)
 	b = strconv.AppendInt(b, retry, 10)
 	b = append(b, `,"limit":`...)
 	b = strconv.AppendInt(b, st.Limit.Spec.Limit, 10)
 	b = append(b, `,"window":"`...)
 	b = append(b, shortDuration(st.Limit.Unit.Duration())...)
-	b = append(b, `","scope":`...)
-	b = appendString(b, desc)
-	b = append(b, `,"policy":`...)
+	b = append(b, `","scope":"`...)
+	b = appendDescriptor(b, entries)
+	b = append(b, `","policy":`...)
 	b = appendString(b, st.Limit.Name)
 	return append(b, '}')
+}
+
+// appendDescriptor appends entries as "key:value:key:value" (pop.Descriptor's
+// Describe), escaped for the inside of a JSON string.
+func appendDescriptor(b []byte, entries []rules.Entry) []byte {
+	for i, e := range entries {
+		if i > 0 {
+			b = append(b, ':')
+		}
+		b = appendStringBody(b, e.Key)
+		b = append(b, ':')
+		b = appendStringBody(b, e.Value)
+	}
+	return b
 }
 
 // shortDuration renders a unit's window as 1s, 1m, 1h or 1d.
@@ -426,8 +481,14 @@ func shortDuration(d time.Duration) string {
 
 // appendString appends s as a JSON string.
 func appendString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
 	b = append(b, '"')
+	b = appendStringBody(b, s)
+	return append(b, '"')
+}
+
+// appendStringBody appends s escaped for the inside of a JSON string.
+func appendStringBody(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
 	for _, r := range s {
 		switch {
 		case r == '"' || r == '\\':
@@ -440,16 +501,20 @@ func appendString(b []byte, s string) []byte {
 		case r == 0xfffd:
 			b = append(b, `\ufffd`...) // invalid UTF-8 in the input
 		default:
-			b = append(b, string(r)...)
+			b = utf8.AppendRune(b, r)
 		}
 	}
-	return append(b, '"')
+	return b
 }
 
+// jsonType is shared by every response; its capacity is its length, so an
+// append by anyone copies rather than writing into it.
+var jsonType = []string{"application/json"}
+
+// writeJSON writes a JSON response. net/http sets Content-Length itself for a
+// body this small written at once.
 func writeJSON(w http.ResponseWriter, status int, body []byte) {
-	h := w.Header()
-	h["Content-Type"] = []string{"application/json"}
-	h["Content-Length"] = []string{strconv.Itoa(len(body))}
+	w.Header()["Content-Type"] = jsonType[:1:1]
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
 }

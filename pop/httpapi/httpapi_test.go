@@ -331,3 +331,39 @@ type discard struct{ h http.Header }
 func (d *discard) Header() http.Header         { return d.h }
 func (d *discard) Write(b []byte) (int, error) { return len(b), nil }
 func (d *discard) WriteHeader(int)             {}
+
+// FuzzDecodeFast holds the fast decoder to encoding/json: whenever it accepts
+// a body, encoding/json (strict) accepts it too and decodes the same request.
+func FuzzDecodeFast(f *testing.F) {
+	f.Add([]byte(ordersCheck))
+	f.Add([]byte(` { "hits_addend" : 3 , "descriptors" : [ { "entries" : [ ] } ] , "domain" : "" } `))
+	f.Add([]byte(`{"domain":"d","descriptors":[{"entries":[{"value":"v"},{"key":"k"},{}]}]}`))
+	f.Add([]byte(`{"domain":"d\u00e9","descriptors":[],"hits_addend":-0}`))
+	f.Add([]byte(`{"domain":"é","descriptors":[{"entries":[{"key":"k","value":"v","key":"x"}]}],"hits_addend":01}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var fast pop.Request
+		if !decodeFast(body, &fast) {
+			return
+		}
+		var slow pop.Request
+		if err := decodeStrict(body, &slow); err != nil {
+			t.Fatalf("fast accepted what encoding/json rejects (%v): %q", err, body)
+		}
+		if fmt.Sprintf("%#v", normalize(fast)) != fmt.Sprintf("%#v", normalize(slow)) {
+			t.Fatalf("fast and encoding/json differ on %q:\n%#v\n%#v", body, fast, slow)
+		}
+	})
+}
+
+// normalize makes empty and nil slices compare equal.
+func normalize(r pop.Request) pop.Request {
+	if len(r.Descriptors) == 0 {
+		r.Descriptors = nil
+	}
+	for i := range r.Descriptors {
+		if len(r.Descriptors[i].Entries) == 0 {
+			r.Descriptors[i].Entries = nil
+		}
+	}
+	return r
+}

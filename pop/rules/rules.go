@@ -37,6 +37,7 @@ const (
 )
 
 var unitNames = [...]string{"second", "minute", "hour", "day"}
+var unitUpper = [...]string{"SECOND", "MINUTE", "HOUR", "DAY"}
 var unitDurations = [...]time.Duration{time.Second, time.Minute, time.Hour, 24 * time.Hour}
 
 func (u Unit) String() string {
@@ -47,7 +48,12 @@ func (u Unit) String() string {
 }
 
 // Upper is the unit as Envoy's JSON spells it (MINUTE).
-func (u Unit) Upper() string { return strings.ToUpper(u.String()) }
+func (u Unit) Upper() string {
+	if int(u) < len(unitUpper) {
+		return unitUpper[u]
+	}
+	return strings.ToUpper(u.String())
+}
 
 // Duration is the unit's window length.
 func (u Unit) Duration() time.Duration { return unitDurations[u] }
