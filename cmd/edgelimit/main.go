@@ -16,6 +16,8 @@ const usage = `edgelimit — an edge / multi-region rate limiter
 Usage:
   edgelimit pop  [flags]   run a point of presence: the HTTP check API
   edgelimit load [flags]   drive a PoP's check API with load and report req/s and latency
+  edgelimit baseline [--listen ADDR]
+                           serve a trivial HTTP handler: the machine's ceiling for 'load'
   edgelimit help [command] show help
 
 Run 'edgelimit <command> --help' for a command's flags.
@@ -36,6 +38,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runPop(rest, stdout, stderr)
 	case "load":
 		err = runLoad(rest, stdout)
+	case "baseline":
+		err = runBaseline(rest, stderr)
 	case "help", "-h", "--help":
 		if len(rest) > 0 {
 			return run([]string{rest[0], "--help"}, stdout, stderr)

@@ -22,6 +22,53 @@ import (
 // no string of a request after CheckAt returns.
 func decodeFast(body []byte, req *pop.Request) bool {
 	d := decoder{b: body}
+	if !d.request(req) {
+		return false
+	}
+	d.space()
+	return d.i == len(d.b)
+}
+
+// decodeBatchFast decodes {"checks": [request, ...]} as decodeFast decodes
+// one request, reusing checks' memory; it reports false for anything else.
+func decodeBatchFast(body []byte, checks *[]pop.Request) bool {
+	d := decoder{b: body}
+	if !d.byte('{') {
+		return false
+	}
+	if key, ok := d.str(); !ok || key != "checks" || !d.byte(':') || !d.byte('[') {
+		return false
+	}
+	cs := (*checks)[:0]
+	if !d.byte(']') {
+		for {
+			if len(cs) < cap(cs) {
+				cs = cs[:len(cs)+1]
+			} else {
+				cs = append(cs, pop.Request{})
+			}
+			if !d.request(&cs[len(cs)-1]) {
+				return false
+			}
+			if d.byte(',') {
+				continue
+			}
+			if !d.byte(']') {
+				return false
+			}
+			break
+		}
+	}
+	*checks = cs
+	if !d.byte('}') {
+		return false
+	}
+	d.space()
+	return d.i == len(d.b)
+}
+
+// request decodes one request object at the current position.
+func (d *decoder) request(req *pop.Request) bool {
 	req.Domain, req.HitsAddend = "", 0
 	req.Descriptors = req.Descriptors[:0]
 	var seenDomain, seenDescriptors, seenHits bool
@@ -67,11 +114,7 @@ func decodeFast(body []byte, req *pop.Request) bool {
 		if d.byte(',') {
 			continue
 		}
-		if !d.byte('}') {
-			return false
-		}
-		d.space()
-		return d.i == len(d.b)
+		return d.byte('}')
 	}
 }
 

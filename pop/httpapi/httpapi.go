@@ -69,10 +69,11 @@ type Server struct {
 
 // reqState is one request's reusable memory.
 type reqState struct {
-	body []byte
-	out  []byte
-	req  pop.Request
-	res  pop.Result
+	body  []byte
+	out   []byte
+	req   pop.Request
+	res   pop.Result
+	batch []pop.Request
 }
 
 // New returns a Server.
@@ -176,7 +177,9 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var batch batchRequest
-	if err := decodeStrict(st.body, &batch); err != nil {
+	if decodeBatchFast(st.body, &st.batch) {
+		batch.Checks = st.batch
+	} else if err := decodeStrict(st.body, &batch); err != nil {
 		s.badRequest(w, "batch", "", err.Error())
 		return
 	}
@@ -194,20 +197,9 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 		if i > 0 {
 			out = append(out, ',')
 		}
-		err := s.cfg.Engine.CheckAt(r.Context(), now, &batch.Checks[i], &st.res)
-		var re *pop.RequestError
-		switch {
-		case errors.As(err, &re):
-			out = append(out, `{"error":{"code":"BAD_REQUEST","field":`...)
-			out = appendString(out, fmt.Sprintf("checks[%d].%s", i, re.Field))
-			out = append(out, `,"message":`...)
-			out = appendString(out, re.Error())
-			out = append(out, `}}`...)
-		case err != nil:
-			out = append(out, `{"error":{"code":"STORE_UNAVAILABLE","message":`...)
-			out = appendString(out, err.Error())
-			out = append(out, `}}`...)
-		default:
+		if err := s.cfg.Engine.CheckAt(r.Context(), now, &batch.Checks[i], &st.res); err != nil {
+			out = appendCheckError(out, i, err)
+		} else {
 			out = appendResult(out, &st.res)
 		}
 	}
@@ -215,6 +207,21 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 	st.out = out
 	s.cfg.Metrics.ObserveCheck("batch", s.cfg.Now().Sub(now))
 	writeJSON(w, http.StatusOK, out)
+}
+
+// appendCheckError appends the error object of batch check i.
+func appendCheckError(out []byte, i int, err error) []byte {
+	var re *pop.RequestError
+	if errors.As(err, &re) {
+		out = append(out, `{"error":{"code":"BAD_REQUEST","field":`...)
+		out = appendString(out, fmt.Sprintf("checks[%d].%s", i, re.Field))
+		out = append(out, `,"message":`...)
+		out = appendString(out, re.Error())
+		return append(out, `}}`...)
+	}
+	out = append(out, `{"error":{"code":"STORE_UNAVAILABLE","message":`...)
+	out = appendString(out, err.Error())
+	return append(out, `}}`...)
 }
 
 // readBody reads r's body into st.body, at most limit bytes.

@@ -340,7 +340,24 @@ func FuzzDecodeFast(f *testing.F) {
 	f.Add([]byte(`{"domain":"d","descriptors":[{"entries":[{"value":"v"},{"key":"k"},{}]}]}`))
 	f.Add([]byte(`{"domain":"d\u00e9","descriptors":[],"hits_addend":-0}`))
 	f.Add([]byte(`{"domain":"é","descriptors":[{"entries":[{"key":"k","value":"v","key":"x"}]}],"hits_addend":01}`))
+	f.Add([]byte(`{"checks":[` + ordersCheck + `,{"domain":"d","descriptors":[]}]}`))
+	f.Add([]byte(`{"checks":[]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
+		var batch []pop.Request
+		if decodeBatchFast(body, &batch) {
+			var slow batchRequest
+			if err := decodeStrict(body, &slow); err != nil {
+				t.Fatalf("fast batch accepted what encoding/json rejects (%v): %q", err, body)
+			}
+			if len(batch) != len(slow.Checks) {
+				t.Fatalf("batch: %d checks, encoding/json %d: %q", len(batch), len(slow.Checks), body)
+			}
+			for i := range batch {
+				if fmt.Sprintf("%#v", normalize(batch[i])) != fmt.Sprintf("%#v", normalize(slow.Checks[i])) {
+					t.Fatalf("batch check %d differs on %q", i, body)
+				}
+			}
+		}
 		var fast pop.Request
 		if !decodeFast(body, &fast) {
 			return
@@ -366,4 +383,36 @@ func normalize(r pop.Request) pop.Request {
 		}
 	}
 	return r
+}
+
+// BenchmarkBatch is the batch endpoint in process: 100 checks per request
+// over 100k keys, reported as decisions per second.
+func BenchmarkBatch(b *testing.B) {
+	root := &rules.Node{}
+	root.Child("api_key", "").Add(lim("api_key", 1000, rules.Second, "default"))
+	set, _ := rules.NewSet(rules.NewDomain("edge", "bench", root))
+	h := New(Config{Engine: pop.NewEngine(store.NewMemory(store.MemoryConfig{}), set, nil)})
+	const perBatch = 100
+	bodies := make([]string, 256)
+	for i := range bodies {
+		var cs []string
+		for j := range perBatch {
+			cs = append(cs, fmt.Sprintf(`{"domain":"edge","descriptors":[{"entries":[{"key":"api_key","value":"k%d"}]}]}`, (i*perBatch+j)*4%100000))
+		}
+		bodies[i] = `{"checks":[` + strings.Join(cs, ",") + `]}`
+	}
+	b.ReportAllocs()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		w := &discard{h: http.Header{}}
+		r := httptest.NewRequest("POST", "/v1/check/batch", nil)
+		i := 0
+		for pb.Next() {
+			r.Body = io.NopCloser(strings.NewReader(bodies[i%len(bodies)]))
+			r.ContentLength = int64(len(bodies[i%len(bodies)]))
+			h.ServeHTTP(w, r)
+			i++
+		}
+	})
+	b.ReportMetric(float64(b.N*perBatch)/time.Since(start).Seconds(), "decisions/s")
 }

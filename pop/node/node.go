@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"sync/atomic"
 	"time"
@@ -41,6 +42,9 @@ type Config struct {
 	MaxKeys int
 	// SweepInterval is how often the embedded store drops idle keys.
 	SweepInterval time.Duration
+	// DebugListen, when set, serves net/http/pprof on that address. Keep it
+	// on loopback or a private interface.
+	DebugListen string
 	// ShutdownTimeout bounds a graceful shutdown.
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
@@ -128,6 +132,17 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.Ready <- ln.Addr()
 	}
 
+	if cfg.DebugListen != "" {
+		dbg := &http.Server{Addr: cfg.DebugListen, Handler: debugMux(), ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := dbg.ListenAndServe(); err != nil && err != http.ErrServerClosed {
+				log.Error("debug listener failed", "err", err)
+			}
+		}()
+		defer dbg.Close()
+		log.Info("pprof serving", "listen", cfg.DebugListen)
+	}
+
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
@@ -207,4 +222,14 @@ func warnScopes(log *slog.Logger, set *rules.Set) {
 				"domain", l.Domain, "limit", l.Name)
 		}
 	}
+}
+
+func debugMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
 }

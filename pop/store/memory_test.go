@@ -173,3 +173,37 @@ func BenchmarkMemoryCheck(b *testing.B) {
 type loop struct{ b *testing.B }
 
 func (l loop) Next() bool { return l.b.Loop() }
+
+// BenchmarkMemoryLatencyFloor is the baseline for BenchmarkMemoryCheck with 1M
+// keys: a read-modify-write of one random slot in an array the size of the
+// store's tables at that load (2²¹ slots of the same size), with nothing else.
+// Each check can be no faster than this on the same machine; report the ratio.
+func BenchmarkMemoryLatencyFloor(b *testing.B) {
+	slots := make([]slot, 1<<21)
+	run := func(pb interface{ Next() bool }, x uint32) {
+		for pb.Next() {
+			x ^= x << 13
+			x ^= x >> 17
+			x ^= x << 5
+			slots[x&(1<<21-1)].st.Cur++
+		}
+	}
+	b.Run("independent", func(b *testing.B) { run(loop{b}, 1) })
+	// Each address depends on the last load, as a check's access cannot
+	// overlap the next across its lock: this is the memory latency itself.
+	b.Run("dependent", func(b *testing.B) {
+		x := uint32(1)
+		for b.Loop() {
+			x ^= x << 13
+			x ^= x >> 17
+			x ^= x << 5
+			sl := &slots[(x+uint32(slots[x&(1<<21-1)].st.Cur&1))&(1<<21-1)]
+			sl.st.Cur++
+			x += uint32(sl.st.Cur & 1)
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		var seed atomic.Uint32
+		b.RunParallel(func(pb *testing.PB) { run(pb, seed.Add(0x9E3779B9)|1) })
+	})
+}
