@@ -70,6 +70,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzLoad -fuzztime 30s ./pop/rules/
 	$(GO) test -run '^$$' -fuzz FuzzDecodeFast -fuzztime 30s ./pop/httpapi/
 	$(GO) test -run '^$$' -fuzz FuzzUnmarshal -fuzztime 30s ./proto/
+	$(GO) test -run '^$$' -fuzz FuzzJoin -fuzztime 30s ./crdt/
+	$(GO) test -run '^$$' -fuzz FuzzLocal -fuzztime 30s ./crdt/
 
 ## load: drive a running PoP (make run) with 64 connections for 10 s
 load: build
