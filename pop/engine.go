@@ -242,7 +242,7 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 		return nil
 	}
 	for i, l := range s.limits {
-		s.items = append(s.items, limit.Item{Key: s.key(i), Spec: l.Spec, Shadow: l.Shadow, FailClosed: l.FailClosed})
+		s.items = append(s.items, limit.Item{Key: s.key(i), Spec: l.Spec, Shadow: l.Shadow, FailClosed: l.FailClosed, Scope: l.Scope})
 	}
 	if cap(s.out) < n {
 		s.out = make([]limit.Decision, n)

@@ -1,5 +1,32 @@
 package limit
 
+import "fmt"
+
+// Scope says which replicas' hits a limit counts.
+type Scope uint8
+
+const (
+	// ScopePOP counts this PoP only and is never replicated. The default.
+	ScopePOP Scope = iota
+	// ScopeRegion counts every PoP of this PoP's region.
+	ScopeRegion
+	// ScopeGlobal counts every PoP.
+	ScopeGlobal
+)
+
+var scopeNames = [...]string{"pop", "region", "global"}
+
+func (s Scope) String() string {
+	if int(s) < len(scopeNames) {
+		return scopeNames[s]
+	}
+	return fmt.Sprintf("Scope(%d)", s)
+}
+
+// Replicable reports whether a can count across replicas: only the window
+// algorithms, whose per-window counts are G-counters (crdt), can.
+func (a Algorithm) Replicable() bool { return a == SlidingWindow || a == FixedWindow }
+
 // Item is one limit a request matched, as a store sees it: the key whose state
 // it counts against and how to count.
 type Item struct {
@@ -10,6 +37,9 @@ type Item struct {
 	Spec Spec
 	// Shadow items are counted and reported but never deny the request.
 	Shadow bool
+	// Scope says whose hits count: this PoP's (ScopePOP), its region's or
+	// every PoP's. Stores without replication count every scope as ScopePOP.
+	Scope Scope
 	// FailClosed items are denied, rather than decided on local knowledge,
 	// when the store that holds them cannot answer (security-critical limits
 	// such as logins). Stores without a failure mode ignore it.

@@ -37,6 +37,13 @@ const (
 	SlidingLog
 )
 
+// tolerance absorbs float rounding in the bucket refill and the sliding
+// window's weighted estimate: a request that fits but for 10⁻⁹ of a hit fits.
+// Without it, a client that waits exactly the RetryAfter it was given could
+// find 2.9999999999 tokens for 3 hits and be denied again. Stores that compute
+// the same formulas elsewhere (the Redis Lua scripts) use the same tolerance.
+const tolerance = 1e-9
+
 // MaxLogLimit is the largest limit SlidingLog accepts: its state holds one
 // timestamp per admitted hit.
 const MaxLogLimit = 1000
@@ -196,7 +203,7 @@ func (s Spec) Add(st *State, now, hits int64) {
 	case SlidingWindow, FixedWindow:
 		st.Cur += hits
 	case TokenBucket:
-		st.Tokens -= float64(hits)
+		st.Tokens = max(st.Tokens-float64(hits), 0) // within tolerance of empty is empty
 	case GCRA:
 		st.Start = max(st.Start, now) + s.interval(hits)
 	case SlidingLog:
@@ -262,9 +269,9 @@ func (s Spec) peekSliding(st *State, now, hits int64) Decision {
 	weight := float64(w-elapsed) / float64(w)
 	est := float64(st.Prev)*weight + float64(st.Cur)
 	d := Decision{Reset: max(end-now, 0)}
-	if est+float64(hits) <= float64(s.Limit) {
+	if est+float64(hits) <= float64(s.Limit)+tolerance {
 		d.Allowed = true
-		d.Remaining = int64(math.Floor(float64(s.Limit) - est - float64(hits)))
+		d.Remaining = max(int64(math.Floor(float64(s.Limit)-est-float64(hits)+tolerance)), 0)
 		return d
 	}
 	d.Remaining = max(int64(math.Floor(float64(s.Limit)-est)), 0)
@@ -307,9 +314,9 @@ func (s Spec) peekBucket(st *State, hits int64) Decision {
 	perNano := float64(s.Limit) / float64(s.Window)
 	d := Decision{}
 	left := st.Tokens
-	if left >= float64(hits) {
+	if left+tolerance >= float64(hits) {
 		d.Allowed = true
-		left -= float64(hits)
+		left = max(left-float64(hits), 0)
 	} else if perNano > 0 && float64(hits) <= c {
 		d.RetryAfter = max(ceilNanos((float64(hits)-left)/perNano), 1)
 	} else {

@@ -692,6 +692,9 @@ func (p *parser) rateLimit(f field) (l *Limit, hasName, ok bool) {
 				p.errorf(g.val, "scope: %v", err)
 			}
 			l.Scope = sc
+			if sc != ScopePOP && !l.Spec.Algorithm.Replicable() {
+				p.errorf(g.val, "scope %s counts across PoPs, which only sliding_window and fixed_window can (their per-window counts replicate as CRDT counters); %s is per-PoP only", sc, l.Spec.Algorithm)
+			}
 		}
 	}
 	if g, ok := m["name"]; ok {

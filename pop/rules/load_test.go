@@ -216,14 +216,14 @@ func TestLoadAccepts(t *testing.T) {
 			}},
 		{"all algorithms", "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n" +
 			"      - {unit: second, requests_per_unit: 1, algorithm: fixed_window}\n" +
-			"      - {unit: second, requests_per_unit: 2, algorithm: sliding_log, scope: region}\n" +
+			"      - {unit: second, requests_per_unit: 2, algorithm: sliding_log}\n" +
 			"      - {unit: minute, requests_per_unit: 3, algorithm: gcra}\n" +
 			"      - {unit: minute, requests_per_unit: 4, algorithm: token_bucket}\n",
 			entries("k=v"), []string{
 				"k_minute: 3/minute gcra pop",
 				"k_minute_2: 4/minute token_bucket pop",
 				"k_second: 1/second fixed_window pop",
-				"k_second_2: 2/second sliding_log region",
+				"k_second_2: 2/second sliding_log pop",
 			}, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -316,6 +316,7 @@ descriptors:
 		{"domain not a string", "domain: [a]\n", 1, []string{"domain must be a string"}},
 		{"unknown unit", head + "  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n", 5, []string{`unit: unknown unit "fortnight"`}},
 		{"unknown algorithm", head + "  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      algorithm: leaky\n", 7, []string{`algorithm: unknown algorithm "leaky"`}},
+		{"scope on an algorithm that cannot replicate", head + "  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      algorithm: token_bucket\n      scope: global\n", 8, []string{"scope global counts across PoPs", "token_bucket is per-PoP only"}},
 		{"unknown scope", head + "  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      scope: planet\n", 7, []string{`scope: unknown scope "planet"`}},
 		{"negative requests_per_unit", head + "  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: -5\n", 6, []string{"requests_per_unit must be >= 0, got -5"}},
 		{"missing requests_per_unit", head + "  - key: k\n    rate_limit:\n      unit: second\n", 4, []string{"rate_limit has no requests_per_unit"}},

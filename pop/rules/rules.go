@@ -68,26 +68,16 @@ func ParseUnit(s string) (Unit, error) {
 	return 0, fmt.Errorf("unknown unit %q (want second, minute, hour or day)", s)
 }
 
-// Scope says which replicas' hits a limit counts.
-type Scope uint8
+// Scope says which replicas' hits a limit counts; see limit.Scope.
+type Scope = limit.Scope
 
 const (
-	// ScopePOP counts this PoP only and is never replicated. The default.
-	ScopePOP Scope = iota
-	// ScopeRegion counts every PoP of this PoP's region.
-	ScopeRegion
-	// ScopeGlobal counts every PoP.
-	ScopeGlobal
+	ScopePOP    = limit.ScopePOP
+	ScopeRegion = limit.ScopeRegion
+	ScopeGlobal = limit.ScopeGlobal
 )
 
 var scopeNames = [...]string{"pop", "region", "global"}
-
-func (s Scope) String() string {
-	if int(s) < len(scopeNames) {
-		return scopeNames[s]
-	}
-	return fmt.Sprintf("Scope(%d)", s)
-}
 
 // ParseScope maps a rule file's scope name to a Scope; "" is ScopePOP.
 func ParseScope(s string) (Scope, error) {
@@ -136,6 +126,16 @@ func (l *Limit) AppendKey(dst []byte, entries []Entry) []byte {
 		dst = appendPart(dst, e.Value)
 	}
 	return append(dst, 0, byte(l.Spec.Algorithm), byte(l.Unit), byte(l.Scope))
+}
+
+// KeyWindow returns the window length of a store key built by AppendKey,
+// read from its suffix, and false for a key AppendKey did not build.
+func KeyWindow(key string) (time.Duration, bool) {
+	n := len(key)
+	if n < 4 || key[n-4] != 0 || int(key[n-2]) >= len(unitDurations) {
+		return 0, false
+	}
+	return unitDurations[key[n-2]], true
 }
 
 func appendPart(dst []byte, s string) []byte {

@@ -31,6 +31,13 @@ const DefaultMaxKeys = 1 << 20
 type MemoryConfig struct {
 	// MaxKeys bounds the number of keys held; 0 means DefaultMaxKeys.
 	MaxKeys int
+	// Replica names this PoP as a CRDT replica. When set, limits with scope
+	// region or global count their hits across PoPs (see Delta and Apply);
+	// when empty, every limit counts this PoP's hits only.
+	Replica string
+	// RegionPeers are the other PoPs of this PoP's region, whose counts a
+	// region-scoped limit adds to its own.
+	RegionPeers []string
 }
 
 // Memory is the embedded in-process counter store. It keeps one limit.State per
@@ -50,6 +57,7 @@ type Memory struct {
 	seed     maphash.Seed
 	perShard int
 	shards   [shardCount]shard
+	rep      *replicated // nil without a replica name
 
 	evictedIdle atomic.Uint64
 	evictedLive atomic.Uint64
@@ -72,6 +80,9 @@ func NewMemory(cfg MemoryConfig) *Memory {
 		maxKeys = DefaultMaxKeys
 	}
 	s := &Memory{seed: maphash.MakeSeed(), perShard: max(maxKeys/shardCount, 1)}
+	if cfg.Replica != "" {
+		s.rep = newReplicated(cfg.Replica, cfg.RegionPeers)
+	}
 	for i := range s.shards {
 		s.shards[i].t.rng = uint64(i)*0x9E3779B97F4A7C15 | 1
 	}
@@ -82,6 +93,14 @@ func NewMemory(cfg MemoryConfig) *Memory {
 // step with the semantics of limit.Decide, writing one decision per item to
 // out, which must be at least as long as items. It never fails; ctx is unused.
 func (s *Memory) CheckAt(_ context.Context, now, hits int64, items []limit.Item, out []limit.Decision) error {
+	if s.rep != nil {
+		for i := range items {
+			if s.replicates(&items[i]) {
+				s.checkReplicated(now, hits, items, out)
+				return nil
+			}
+		}
+	}
 	if len(items) == 1 { // the common case, without the ordering work
 		h := s.hash(items[0].Key)
 		sh := &s.shards[h>>56]
@@ -157,8 +176,12 @@ func (s *Memory) Stats() MemoryStats {
 }
 
 // SweepAt removes every key that is idle at now and returns how many it
-// removed. It locks one shard at a time; call it periodically.
+// removed, and drops replicated windows older than the previous one. It locks
+// one shard at a time; call it periodically.
 func (s *Memory) SweepAt(now int64) int {
+	if s.rep != nil {
+		s.rep.sweep(now)
+	}
 	removed := 0
 	for i := range s.shards {
 		sh := &s.shards[i]

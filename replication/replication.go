@@ -1,0 +1,61 @@
+// Package replication moves a PoP's CRDT counts and mitigation bits to the
+// other PoPs over NATS JetStream, and keeps the PoP's durable state in Pebble.
+//
+// The model (see crdt): every PoP is one replica; its own count for a (limit
+// key, window) only grows; every flush interval it publishes the absolute
+// values of the slots that changed, and receivers join them by per-replica
+// maximum, so duplicates, reordering and redelivery are harmless. A periodic
+// full-state exchange (anti-entropy) repairs whatever a lost message left
+// behind.
+//
+// replication imports crdt and proto, never pop: a PoP's counter store
+// implements Counts, and cmd wires the two together (the simulator wires Counts
+// to a simulated transport instead).
+package replication
+
+import "github.com/edgelimit/edgelimit/crdt"
+
+// Counts is a PoP's counter store as replication sees it. Implementations
+// are safe for concurrent use: replication calls them from its own goroutines
+// while the PoP checks requests.
+type Counts interface {
+	// Delta returns this PoP's own slots that changed since the last call,
+	// with their absolute counts (crdt.Local.Delta). The caller must persist
+	// what Delta returned before publishing it, so that a restart never
+	// publishes a lower value.
+	Delta() []crdt.Slot
+	// Own returns every own slot, for snapshots.
+	Own() []crdt.Slot
+	// Restore raises own counts to slots after a restart; it never lowers one.
+	Restore(own []crdt.Slot)
+	// Apply joins other replicas' slots into the store's view of remote
+	// counts. Slots of this PoP's own replica are ignored.
+	Apply(remote []crdt.Slot)
+	// Remote returns every remote slot, for snapshots and persistence.
+	Remote() []crdt.Slot
+}
+
+// Counts has no DropBefore: limits of different units keep windows of
+// different ages (a day limit's previous window is a day old, a second
+// limit's one second old), so only the store, which knows each key's window,
+// drops old windows.
+
+// Topology names the regions and the PoPs in each. Every PoP of a deployment
+// shares one Topology; a PoP's replica name is its PoP name, unique across
+// regions.
+type Topology struct {
+	// Regions maps a region name to its PoP names.
+	Regions map[string][]string
+}
+
+// RegionOf returns the region of pop, or "" when the topology does not name it.
+func (t Topology) RegionOf(pop string) string {
+	for r, pops := range t.Regions {
+		for _, p := range pops {
+			if p == pop {
+				return r
+			}
+		}
+	}
+	return ""
+}
