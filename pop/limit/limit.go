@@ -100,7 +100,14 @@ func (s Spec) Validate() error {
 	return nil
 }
 
-func (s Spec) capacity() int64 {
+// Capacity is the bucket size of TokenBucket and GCRA: Burst, or Limit when
+// Burst is 0. A zero Limit has no capacity whatever the burst: it denies
+// every hit, as requests_per_unit 0 does in Envoy (and a bucket that never
+// refills would otherwise never turn idle).
+func (s Spec) Capacity() int64 {
+	if s.Limit == 0 {
+		return 0
+	}
 	if s.Burst > 0 {
 		return s.Burst
 	}
@@ -158,7 +165,7 @@ func (s Spec) Advance(st *State, now int64) {
 			st.Prev, st.Cur, st.Start = 0, 0, start
 		}
 	case TokenBucket:
-		c := float64(s.capacity())
+		c := float64(s.Capacity())
 		if st.Start == 0 {
 			st.Tokens, st.Start = c, now
 			return
@@ -246,7 +253,7 @@ func (s Spec) IdleAt(st *State) int64 {
 		if st.Start == 0 || s.Limit == 0 {
 			return st.Start
 		}
-		missing := float64(s.capacity()) - st.Tokens
+		missing := float64(s.Capacity()) - st.Tokens
 		return st.Start + ceilNanos(missing*float64(s.Window)/float64(s.Limit))
 	case GCRA:
 		return st.Start
@@ -310,7 +317,7 @@ func (s Spec) peekFixed(st *State, now, hits int64) Decision {
 }
 
 func (s Spec) peekBucket(st *State, hits int64) Decision {
-	c := float64(s.capacity())
+	c := float64(s.Capacity())
 	perNano := float64(s.Limit) / float64(s.Window)
 	d := Decision{}
 	left := st.Tokens
@@ -338,14 +345,14 @@ func (s Spec) interval(hits int64) int64 {
 }
 
 func (s Spec) peekGCRA(st *State, now, hits int64) Decision {
-	tau := s.interval(s.capacity()) // burst tolerance: a full bucket's worth
+	tau := s.interval(s.Capacity()) // burst tolerance: a full bucket's worth
 	tat := max(st.Start, now)
 	next := tat + s.interval(hits)
 	d := Decision{}
 	if s.Limit > 0 && next-now <= tau {
 		d.Allowed = true
 		tat = next
-	} else if s.Limit > 0 && hits <= s.capacity() {
+	} else if s.Limit > 0 && hits <= s.Capacity() {
 		d.RetryAfter = max(next-now-tau, 1)
 	} else {
 		d.RetryAfter = s.Window

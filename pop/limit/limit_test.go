@@ -56,7 +56,7 @@ func TestDecisionsKeepTheirWord(t *testing.T) {
 			}
 			fits := spec.Limit // what can ever fit at once
 			if spec.Algorithm == TokenBucket || spec.Algorithm == GCRA {
-				fits = spec.capacity()
+				fits = spec.Capacity()
 			}
 			if hits > fits {
 				continue // can never fit: RetryAfter only says "not soon"

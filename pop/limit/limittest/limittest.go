@@ -179,6 +179,13 @@ var Cases = []Case{
 		Steps:  []Step{{At: 0, Times: 3, Admitted: 0}},
 	},
 	{
+		// requests_per_unit 0 denies every hit whatever the burst: a bucket
+		// that never refills is no bucket.
+		Name:   "zero limit with a burst denies everything",
+		Limits: []limit.Spec{{Algorithm: limit.TokenBucket, Limit: 0, Window: second, Burst: 5}},
+		Steps:  []Step{{At: 0, Times: 3, Admitted: 0}, {At: time.Hour, Admitted: 0}},
+	},
+	{
 		// The strict limit denies; the generous one must not be charged.
 		Name: "a denied request spends no quota",
 		Limits: []limit.Spec{

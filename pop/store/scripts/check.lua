@@ -13,7 +13,8 @@
 --
 -- KEYS[i]  the Redis key of item i
 -- ARGV[1]  mode: "d" = decide (limit.Decide: peek all, add when admitted);
---                "p" = peek only (advance and peek, write nothing)
+--                "p" = peek only (advance and peek; the only writes are the
+--                      sliding log's expired entries, which advancing drops)
 -- ARGV[2]  hits (>= 1)
 -- ARGV[3]  now, decimal nanoseconds since the epoch (>= 0)
 -- ARGV[4]  now's hi part, ARGV[5] now's lo part
@@ -22,7 +23,8 @@
 --   4 sliding_log), limit, window (ns), capacity (burst, or limit when 0),
 --   shadow (0/1), window index floor(now / window), now - index*window.
 --
--- Stored values (all keys expire when their state turns idle, limit.Spec.IdleAt):
+-- Stored values (all keys expire GRACE_MS after their state turns idle,
+-- limit.Spec.IdleAt):
 --   window algorithms  STRING "index cur prev"
 --   token_bucket       STRING "start tokens"  (start decimal ns, tokens %.17g)
 --   gcra               STRING "tat"           (decimal ns)
@@ -32,6 +34,14 @@
 
 local E9 = 1000000000
 local MAXNS = 4611686018427387904 -- 2^62: a cap no real duration reaches
+-- TOLERANCE is limit.tolerance: float rounding of 1e-9 of a hit is no reason
+-- to deny (a client waiting exactly its RetryAfter must fit).
+local TOLERANCE = 1e-9
+-- GRACE_MS outlives IdleAt by a second. A TTL runs on the server's clock,
+-- decisions on the now each check brings; without the grace a server whose
+-- now lags the server's clock would find the key of a full window already
+-- gone and count that window again from zero.
+local GRACE_MS = 1000
 
 local mode = ARGV[1]
 local hits = tonumber(ARGV[2])
@@ -143,8 +153,8 @@ local function peek(it, st)
     local reset = math.max(startRel + w, 0)
     local weight = (w - elapsed) / w
     local est = st.p * weight + st.c
-    if est + hits <= limit then
-      return 1, math.floor(limit - est - hits), reset, 0
+    if est + hits <= limit + TOLERANCE then
+      return 1, math.max(math.floor(limit - est - hits + TOLERANCE), 0), reset, 0
     end
     local remaining = math.max(math.floor(limit - est), 0)
     if hits > limit then
@@ -171,9 +181,9 @@ local function peek(it, st)
     local perNano = limit / w
     local allowed, retry = 0, 0
     local left = st.k
-    if left >= hits then
+    if left + TOLERANCE >= hits then
       allowed = 1
-      left = left - hits
+      left = math.max(left - hits, 0)
     elseif perNano > 0 and hits <= c then
       retry = math.max(ceil((hits - left) / perNano), 1)
     else
@@ -225,7 +235,7 @@ local function add(it, st)
   if a <= 1 then
     st.c = st.c + hits
   elseif a == 2 then
-    st.k = st.k - hits
+    st.k = math.max(st.k - hits, 0) -- within tolerance of empty is empty
   elseif a == 3 then
     local tat = 0
     if st.r and st.r > 0 then tat = st.r end
@@ -239,7 +249,7 @@ local function add(it, st)
       redis.call('RPUSH', it.key, unpack(vals))
       left = left - n
     end
-    redis.call('PEXPIRE', it.key, math.max(ceil(it.w / 1000000), 1))
+    redis.call('PEXPIRE', it.key, math.max(ceil(it.w / 1000000), 1) + GRACE_MS)
     return
   end
   st.dirty = true
@@ -271,7 +281,8 @@ local function encode(it, st)
   return abs(st.r)
 end
 
-local items, dec = {}, {}
+-- out holds 4 integers per item: allowed, remaining, reset, retry_after.
+local items, out = {}, {}
 for i = 1, #KEYS do
   local b = 6 + 7 * (i - 1)
   local it = {
@@ -282,47 +293,32 @@ for i = 1, #KEYS do
   items[i] = it
   local st = load(it)
   advance(it, st)
-  local allowed, remaining, reset, retry = peek(it, st)
-  dec[i] = { allowed, remaining, reset, retry }
+  local j = 4 * (i - 1)
+  out[j + 1], out[j + 2], out[j + 3], out[j + 4] = peek(it, st)
 end
-
--- reply flattens the decisions into 4 integers per item.
-local function reply()
-  local out, j = {}, 0
-  for i = 1, #items do
-    local d = dec[i]
-    out[j + 1], out[j + 2], out[j + 3], out[j + 4] = d[1], d[2], d[3], d[4]
-    j = j + 4
-  end
-  return out
-end
-
-if mode == 'p' then return reply() end
+if mode == 'p' then return out end
 
 local ok = true -- limit.Admit
 for i = 1, #items do
-  if dec[i][1] == 0 and not items[i].shadow then ok = false end
+  if out[4 * i - 3] == 0 and not items[i].shadow then ok = false end
 end
 for i = 1, #items do
-  local d = dec[i]
-  if d[1] == 1 then
+  if out[4 * i - 3] == 1 then
     if ok then
       add(items[i], states[items[i].key])
     else
-      d[2] = d[2] + hits -- nothing was spent, so the room is what it was
+      out[4 * i - 2] = out[4 * i - 2] + hits -- nothing was spent, so the room is what it was
     end
   end
 end
 
-local written = {}
 for i = 1, #items do
   local it = items[i]
   local st = states[it.key]
-  if st.dirty and not written[it.key] then
-    written[it.key] = true
-    local px = math.max(ceil(idle(it, st) / 1000000), 1)
+  if st.dirty then
+    st.dirty = false -- written once, however many items share the key
+    local px = math.max(ceil(idle(it, st) / 1000000), 1) + GRACE_MS
     redis.call('SET', it.key, encode(it, st), 'PX', px)
   end
 end
-
-return reply()
+return out
