@@ -36,8 +36,23 @@ type Config struct {
 	RulesInterval time.Duration
 	// DataDir holds the PoP's durable state; it is created if missing.
 	DataDir string
-	// Store is "embedded" or a Redis URL.
+	// Store is "embedded" or a Redis URL (redis://, rediss://, or a
+	// comma-separated Cluster seed list).
 	Store string
+	// RedisTimeout is a Redis check's deadline; past it, the check is
+	// decided by the embedded store.
+	RedisTimeout time.Duration
+	// RedisClock is "redis" (window boundaries from Redis TIME, so servers
+	// with skewed clocks agree) or "local".
+	RedisClock string
+	// RedisBatchWindow is how long a Redis pipeline waits for more checks
+	// while another is in flight; negative sends at once.
+	RedisBatchWindow time.Duration
+	// BreakerFailures and BreakerCooldown tune the circuit breaker in front
+	// of Redis: it opens after that many consecutive failures and probes
+	// again after the cooldown.
+	BreakerFailures int
+	BreakerCooldown time.Duration
 	// MaxKeys bounds the embedded store.
 	MaxKeys int
 	// SweepInterval is how often the embedded store drops idle keys.
@@ -165,17 +180,51 @@ func storeName(s string) string {
 }
 
 // openStore builds the counter store the configuration names and registers
-// its metrics.
+// its metrics. A Redis store always sits behind a circuit breaker that falls
+// back to an embedded store, so a PoP keeps limiting on local knowledge when
+// Redis fails.
 func openStore(cfg Config, reg prometheus.Registerer) (pop.Store, func(), error) {
-	switch cfg.Store {
-	case "", "embedded":
-		mem := store.NewMemory(store.MemoryConfig{MaxKeys: cfg.MaxKeys})
-		registerMemory(reg, mem)
-		stop := make(chan struct{})
-		go sweep(mem, cfg.SweepInterval, stop)
+	mem := store.NewMemory(store.MemoryConfig{MaxKeys: cfg.MaxKeys})
+	registerMemory(reg, mem)
+	stop := make(chan struct{})
+	go sweep(mem, cfg.SweepInterval, stop)
+	if cfg.Store == "" || cfg.Store == "embedded" {
 		return mem, func() { close(stop) }, nil
 	}
-	return nil, nil, fmt.Errorf("store %q: want \"embedded\" (Redis arrives with its own flags)", cfg.Store)
+	clock, err := store.ParseClockSource(cfg.RedisClock)
+	if err != nil {
+		close(stop)
+		return nil, nil, fmt.Errorf("--redis-clock: %w", err)
+	}
+	rs, err := store.OpenRedis(store.RedisConfig{URL: cfg.Store, Timeout: cfg.RedisTimeout, ClockSource: clock, BatchWindow: cfg.RedisBatchWindow})
+	if err != nil {
+		close(stop)
+		return nil, nil, fmt.Errorf("store: %w", err)
+	}
+	fb := store.NewFallback(rs, mem, store.FallbackConfig{Failures: cfg.BreakerFailures, Cooldown: cfg.BreakerCooldown})
+	registerFallback(reg, fb)
+	return fb, func() { close(stop); _ = rs.Close() }, nil
+}
+
+func registerFallback(reg prometheus.Registerer, fb *store.Fallback) {
+	counter := func(name, help string, f func(store.FallbackStats) uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+			func() float64 { return float64(f(fb.Stats())) })
+	}
+	reg.MustRegister(
+		counter("edgelimit_store_errors_total", "Redis calls that failed or timed out; each check was answered by the fallback.",
+			func(s store.FallbackStats) uint64 { return s.PrimaryErrors }),
+		counter("edgelimit_store_fallback_decisions_total", "Checks decided without Redis: by the embedded store, or denied by a fail_closed limit.",
+			func(s store.FallbackStats) uint64 { return s.FallbackDecisions }),
+		counter("edgelimit_store_fail_closed_denials_total", "Checks denied because a fail_closed limit could not reach Redis.",
+			func(s store.FallbackStats) uint64 { return s.FailClosedDenials }),
+		counter("edgelimit_store_breaker_opens_total", "Times the circuit breaker in front of Redis opened.",
+			func(s store.FallbackStats) uint64 { return s.BreakerOpens }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "edgelimit_store_breaker_state",
+			Help: "The circuit breaker in front of Redis: 0 closed (Redis decides), 1 open (the embedded store decides), 2 half-open (probing).",
+		}, func() float64 { return float64(fb.BreakerState()) }),
+	)
 }
 
 func sweep(mem *store.Memory, every time.Duration, stop <-chan struct{}) {
@@ -198,7 +247,7 @@ func registerMemory(reg prometheus.Registerer, mem *store.Memory) {
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "edgelimit_store_keys",
-			Help: "Keys held by the embedded store (active keys).",
+			Help: "Keys held by the embedded store (active keys; with --store redis, the fallback's).",
 		}, func() float64 { return float64(mem.Len()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "edgelimit_store_evictions_total",

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/pop/store/redistest"
 )
 
 func rulesFile(n string) string {
@@ -102,5 +104,51 @@ func TestRunRejectsBadRules(t *testing.T) {
 	}
 	if err := Run(context.Background(), Config{Listen: "127.0.0.1:0"}); err == nil {
 		t.Fatal("no rules: want an error")
+	}
+}
+
+// A PoP on a Redis store answers checks, counts in Redis, and exports the
+// breaker's metrics.
+func TestRunWithRedisStore(t *testing.T) {
+	srv := redistest.Start(t)
+	file := filepath.Join(t.TempDir(), "rules.yaml")
+	os.WriteFile(file, []byte(rulesFile("2")), 0o644)
+	ready := make(chan net.Addr, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Config{Listen: "127.0.0.1:0", Rules: []string{file}, Store: srv.URL(), RedisTimeout: 100 * time.Millisecond,
+			ShutdownTimeout: time.Second, Ready: ready, Logger: slog.New(slog.DiscardHandler)})
+	}()
+	var base string
+	select {
+	case a := <-ready:
+		base = "http://" + a.String()
+	case err := <-done:
+		t.Fatal(err)
+	}
+	for _, want := range []int{200, 200, 429} {
+		if got, _ := check(t, base); got != want {
+			t.Fatalf("status %d, want %d", got, want)
+		}
+	}
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "edgelimit_store_breaker_state 0") || !strings.Contains(string(body), "edgelimit_store_fallback_decisions_total 0") {
+		t.Fatalf("Redis did not decide the checks:\n%s", body)
+	}
+}
+
+func TestRunRejectsBadStore(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "rules.yaml")
+	os.WriteFile(file, []byte(rulesFile("2")), 0o644)
+	err := Run(context.Background(), Config{Listen: "127.0.0.1:0", Rules: []string{file}, Store: "mysql://x", Logger: slog.New(slog.DiscardHandler)})
+	if err == nil || !strings.Contains(err.Error(), "store") {
+		t.Fatalf("got %v, want a store error", err)
 	}
 }
