@@ -57,6 +57,16 @@ type Config struct {
 	MaxKeys int
 	// SweepInterval is how often the embedded store drops idle keys.
 	SweepInterval time.Duration
+	// Replica names this PoP as a CRDT replica and RegionPeers the other PoPs
+	// of its region: with them, limits with scope region or global count
+	// across PoPs (store.MemoryConfig). They need the embedded store.
+	Replica     string
+	RegionPeers []string
+	// Replicate, when set, wires the store to replication (cmd supplies it;
+	// pop does not import replication). It is called before the PoP serves
+	// its first check, so that it can restore durable state into the store,
+	// and returns the function that runs replication until ctx ends.
+	Replicate func(ctx context.Context, mem *store.Memory) (run func() error, err error)
 	// DebugListen, when set, serves net/http/pprof on that address. Keep it
 	// on loopback or a private interface.
 	DebugListen string
@@ -94,17 +104,27 @@ func Run(ctx context.Context, cfg Config) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := pop.NewMetrics(reg)
 
-	st, closeStore, err := openStore(cfg, reg)
+	st, mem, closeStore, err := openStore(cfg, reg)
 	if err != nil {
 		return err
 	}
 	defer closeStore()
 
 	eng := pop.NewEngine(st, set, metrics)
-	warnScopes(log, set)
+	if cfg.Replica == "" {
+		warnScopes(log, set)
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	replErr := make(chan error, 1)
+	if cfg.Replicate != nil {
+		run, err := cfg.Replicate(ctx, mem)
+		if err != nil {
+			return fmt.Errorf("replication: %w", err)
+		}
+		go func() { replErr <- run() }()
+	}
 	var reloadFailing atomic.Bool
 	go rules.NewWatcher(cfg.Rules, cfg.RulesInterval, log).Run(ctx,
 		func(s *rules.Set, warns []rules.Warning) {
@@ -114,7 +134,9 @@ func Run(ctx context.Context, cfg Config) error {
 			for _, w := range warns {
 				log.Warn("rules: " + w.String())
 			}
-			warnScopes(log, s)
+			if cfg.Replica == "" {
+				warnScopes(log, s)
+			}
 			eng.SetRules(s)
 			reloadFailing.Store(false)
 		},
@@ -161,6 +183,10 @@ func Run(ctx context.Context, cfg Config) error {
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
+	case err := <-replErr:
+		if err != nil && ctx.Err() == nil {
+			return fmt.Errorf("replication: %w", err)
+		}
 	case <-ctx.Done():
 	}
 	log.Info("shutting down")
@@ -183,27 +209,31 @@ func storeName(s string) string {
 // its metrics. A Redis store always sits behind a circuit breaker that falls
 // back to an embedded store, so a PoP keeps limiting on local knowledge when
 // Redis fails.
-func openStore(cfg Config, reg prometheus.Registerer) (pop.Store, func(), error) {
-	mem := store.NewMemory(store.MemoryConfig{MaxKeys: cfg.MaxKeys})
+func openStore(cfg Config, reg prometheus.Registerer) (pop.Store, *store.Memory, func(), error) {
+	embedded := cfg.Store == "" || cfg.Store == "embedded"
+	if cfg.Replica != "" && !embedded {
+		return nil, nil, nil, errors.New("replication across PoPs needs the embedded store; with a Redis store it is not built yet")
+	}
+	mem := store.NewMemory(store.MemoryConfig{MaxKeys: cfg.MaxKeys, Replica: cfg.Replica, RegionPeers: cfg.RegionPeers})
 	registerMemory(reg, mem)
 	stop := make(chan struct{})
 	go sweep(mem, cfg.SweepInterval, stop)
-	if cfg.Store == "" || cfg.Store == "embedded" {
-		return mem, func() { close(stop) }, nil
+	if embedded {
+		return mem, mem, func() { close(stop) }, nil
 	}
 	clock, err := store.ParseClockSource(cfg.RedisClock)
 	if err != nil {
 		close(stop)
-		return nil, nil, fmt.Errorf("--redis-clock: %w", err)
+		return nil, nil, nil, fmt.Errorf("--redis-clock: %w", err)
 	}
 	rs, err := store.OpenRedis(store.RedisConfig{URL: cfg.Store, Timeout: cfg.RedisTimeout, ClockSource: clock, BatchWindow: cfg.RedisBatchWindow})
 	if err != nil {
 		close(stop)
-		return nil, nil, fmt.Errorf("store: %w", err)
+		return nil, nil, nil, fmt.Errorf("store: %w", err)
 	}
 	fb := store.NewFallback(rs, mem, store.FallbackConfig{Failures: cfg.BreakerFailures, Cooldown: cfg.BreakerCooldown})
 	registerFallback(reg, fb)
-	return fb, func() { close(stop); _ = rs.Close() }, nil
+	return fb, mem, func() { close(stop); _ = rs.Close() }, nil
 }
 
 func registerFallback(reg prometheus.Registerer, fb *store.Fallback) {
