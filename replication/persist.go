@@ -1,8 +1,12 @@
 package replication
 
 import (
+	"fmt"
 	"log/slog"
+	"os"
 	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/edgelimit/edgelimit/crdt"
 )
@@ -90,4 +94,24 @@ func (p *Persisted) Applied(seq uint64) {
 		p.seq = seq
 	}
 	p.mu.Unlock()
+}
+
+// PebbleLogger sends Pebble's log lines to l: its routine messages (WAL
+// recovery, compactions) at debug level, its errors at error level. Pebble's
+// Fatalf, for corruption it cannot continue past, logs and exits.
+func PebbleLogger(l *slog.Logger) pebble.Logger { return pebbleLog{l} }
+
+type pebbleLog struct{ l *slog.Logger }
+
+func (p pebbleLog) Infof(format string, args ...any) {
+	p.l.Debug(fmt.Sprintf(format, args...), "component", "pebble")
+}
+
+func (p pebbleLog) Errorf(format string, args ...any) {
+	p.l.Error(fmt.Sprintf(format, args...), "component", "pebble")
+}
+
+func (p pebbleLog) Fatalf(format string, args ...any) {
+	p.l.Error(fmt.Sprintf(format, args...), "component", "pebble")
+	os.Exit(1)
 }

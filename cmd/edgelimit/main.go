@@ -15,6 +15,7 @@ const usage = `edgelimit — an edge / multi-region rate limiter
 
 Usage:
   edgelimit pop  [flags]   run a point of presence: the HTTP check API
+  edgelimit demo [flags]   a local multi-region deployment: NATS per region, PoPs as processes
   edgelimit load [flags]   drive a PoP's check API with load and report req/s and latency
   edgelimit baseline [--listen ADDR]
                            serve a trivial HTTP handler: the machine's ceiling for 'load'
@@ -36,6 +37,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch cmd, rest := args[0], args[1:]; cmd {
 	case "pop":
 		err = runPop(rest, stdout, stderr)
+	case "demo":
+		err = runDemo(rest, stdout, stderr)
 	case "load":
 		err = runLoad(rest, stdout)
 	case "baseline":

@@ -39,6 +39,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 		config string
 		level  string
 		format string
+		repl   replFlags
 	)
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8080", "address of the HTTP API")
 	fs.Var(&rules, "rules", "rule `files or directories` (comma-separated or repeated); YAML in Envoy ratelimit's format")
@@ -47,12 +48,26 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.Store, "store", "embedded", "counter store: embedded (in-process), or a Redis `URL` shared by the PoP's servers:\nredis://[user:pass@]host:port[/db], rediss:// for TLS, or host:port,host:port,... for a Redis Cluster")
 	fs.DurationVar(&cfg.RedisTimeout, "redis-timeout", 5*time.Millisecond, "deadline of a Redis check; past it the embedded store decides")
 	fs.DurationVar(&cfg.RedisBatchWindow, "redis-batch-window", store.DefaultBatchWindow, "how long a Redis pipeline waits for more checks while another is in flight (negative: send at once)")
+	fs.IntVar(&cfg.RedisPipelines, "redis-pipelines", store.DefaultPipelines, "Redis pipelines in flight at once, each on its own connection")
 	fs.StringVar(&cfg.RedisClock, "redis-clock", "redis", "whose clock sets window boundaries: redis (Redis TIME, so skewed servers agree) or local")
 	fs.IntVar(&cfg.BreakerFailures, "breaker-failures", 5, "consecutive Redis failures that open the circuit breaker")
 	fs.DurationVar(&cfg.BreakerCooldown, "breaker-cooldown", time.Second, "how long the open breaker waits before probing Redis again")
 	fs.IntVar(&cfg.MaxKeys, "max-keys", store.DefaultMaxKeys, "most keys the embedded store holds (about 150 bytes each); idle keys go first")
 	fs.StringVar(&cfg.DebugListen, "debug-listen", "", "`address` for net/http/pprof (off when empty; keep it private)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take")
+	fs.StringVar(&repl.region, "region", "", "this PoP's region; with --pop, limits with scope region or global count across PoPs")
+	fs.StringVar(&repl.pop, "pop", "", "this PoP's name, its replica name: unique across regions")
+	fs.StringVar(&repl.topology, "topology", "", "every region's PoPs: `region=pop,pop;region=pop` (default: this PoP alone)")
+	fs.DurationVar(&repl.flush, "flush-interval", 100*time.Millisecond, "how often the PoP publishes what it counted to the other PoPs")
+	fs.StringVar(&repl.natsURL, "nats", "", "NATS `URL` of the region's servers; empty runs an embedded NATS server with JetStream under --data")
+	fs.StringVar(&repl.natsUser, "nats-user", "", "NATS user name")
+	fs.StringVar(&repl.natsPass, "nats-password", "", "NATS password")
+	fs.StringVar(&repl.natsCreds, "nats-creds", "", "NATS credentials `file`")
+	fs.StringVar(&repl.natsNKey, "nats-nkey", "", "NATS nkey seed `file`")
+	fs.StringVar(&repl.natsCA, "nats-ca", "", "CA `file` for NATS over TLS")
+	fs.IntVar(&repl.natsListen, "nats-port", -1, "client port of the embedded NATS server (-1: a free port)")
+	fs.IntVar(&repl.leafListen, "nats-leaf-port", 0, "embedded NATS: accept other regions' leaf connections on this port (the hub region; 0: none)")
+	fs.Var(&repl.leafRemotes, "nats-leaf-remote", "embedded NATS: connect to the hub region's leaf `URL` (nats-leaf://host:port), comma-separated or repeated")
 	fs.StringVar(&level, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&format, "log-format", "text", "log format: text or json")
 	fs.StringVar(&config, "config", "", "YAML `file` of settings, keyed by flag name")
@@ -70,11 +85,19 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	case cfg.RulesInterval <= 0:
 		return fmt.Errorf("--rules-interval must be > 0, got %v", cfg.RulesInterval)
 	}
+	topo, err := repl.validate()
+	if err != nil {
+		return err
+	}
 	log, err := newLogger(stderr, level, format)
 	if err != nil {
 		return err
 	}
 	cfg.Logger = log
+	if repl.pop != "" {
+		cfg.Replica, cfg.RegionPeers = repl.pop, regionPeers(topo, repl.region, repl.pop)
+		cfg.Replicate = repl.replicator(topo, cfg.DataDir, log)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return node.Run(ctx, cfg)

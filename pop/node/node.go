@@ -48,6 +48,8 @@ type Config struct {
 	// RedisBatchWindow is how long a Redis pipeline waits for more checks
 	// while another is in flight; negative sends at once.
 	RedisBatchWindow time.Duration
+	// RedisPipelines is how many pipelines may be in flight at once.
+	RedisPipelines int
 	// BreakerFailures and BreakerCooldown tune the circuit breaker in front
 	// of Redis: it opens after that many consecutive failures and probes
 	// again after the cooldown.
@@ -226,7 +228,7 @@ func openStore(cfg Config, reg prometheus.Registerer) (pop.Store, *store.Memory,
 		close(stop)
 		return nil, nil, nil, fmt.Errorf("--redis-clock: %w", err)
 	}
-	rs, err := store.OpenRedis(store.RedisConfig{URL: cfg.Store, Timeout: cfg.RedisTimeout, ClockSource: clock, BatchWindow: cfg.RedisBatchWindow})
+	rs, err := store.OpenRedis(store.RedisConfig{URL: cfg.Store, Timeout: cfg.RedisTimeout, ClockSource: clock, BatchWindow: cfg.RedisBatchWindow, Pipelines: cfg.RedisPipelines})
 	if err != nil {
 		close(stop)
 		return nil, nil, nil, fmt.Errorf("store: %w", err)

@@ -1,0 +1,200 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/edgelimit/edgelimit/replication"
+)
+
+const demoUsage = `Usage: edgelimit demo [flags]
+
+Starts a local multi-region deployment on loopback: one NATS server with
+JetStream per region (the first region is the hub; the others connect to it as
+leaf nodes, each region its own JetStream domain, as deploy/nats/ configures
+production), and PoPs as separate 'edgelimit pop' processes, each connected to
+its region's NATS server. Prints one line per PoP:
+
+  <region> <pop> <check URL>
+
+and stops everything cleanly on Ctrl-C.
+
+Flags:
+`
+
+func runDemo(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var rules listFlag
+	rules.values = []string{"deploy/examples/rules.yaml"}
+	fs.Var(&rules, "rules", "rule `files or directories`, as for pop")
+	regions := fs.String("regions", "eu,us,ap", "regions, comma-separated; the first is the NATS hub")
+	perRegion := fs.Int("pops", 2, "PoPs per region")
+	basePort := fs.Int("base-port", 8081, "the first PoP's HTTP port; the others count up")
+	dataDir := fs.String("data", "./data/demo", "data `directory` (a sub-directory per NATS server and PoP)")
+	flush := fs.Duration("flush-interval", 100*time.Millisecond, "how often each PoP publishes what it counted")
+	level := fs.String("log-level", "warn", "log level of the PoPs and NATS servers")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), demoUsage)
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args, nil); err != nil {
+		return err
+	}
+	names := strings.Split(*regions, ",")
+	if len(names) == 0 || names[0] == "" || *perRegion < 1 {
+		return errors.New("want at least one region and one PoP per region")
+	}
+	log, err := newLogger(stderr, *level, "text")
+	if err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+
+	// The topology every PoP shares.
+	var topo []string
+	for _, r := range names {
+		var pops []string
+		for i := 1; i <= *perRegion; i++ {
+			pops = append(pops, fmt.Sprintf("%s-%d", r, i))
+		}
+		topo = append(topo, r+"="+strings.Join(pops, ","))
+	}
+	topology := strings.Join(topo, ";")
+
+	// One NATS server per region: the hub accepts leaf connections.
+	var servers []*server.Server
+	defer func() {
+		for _, s := range servers {
+			s.Shutdown()
+		}
+	}()
+	urls := map[string]string{}
+	var hubLeaf string
+	for i, r := range names {
+		cfg := replication.ServerConfig{Name: "nats-" + r, Dir: filepath.Join(*dataDir, "nats-"+r), Port: -1, Domain: r,
+			Logger: log.With("nats", r)}
+		if i == 0 {
+			leafPort, err := freePort()
+			if err != nil {
+				return err
+			}
+			cfg.Leaf = &replication.LeafConfig{Port: leafPort}
+			hubLeaf = fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort)
+		} else {
+			cfg.Leaf = &replication.LeafConfig{Remotes: [][]string{{hubLeaf}}}
+		}
+		s, err := replication.StartServer(cfg)
+		if err != nil {
+			return fmt.Errorf("NATS for %s: %w", r, err)
+		}
+		servers = append(servers, s)
+		if err := replication.WaitReady(s, 10*time.Second); err != nil {
+			return fmt.Errorf("NATS for %s: %w", r, err)
+		}
+		urls[r] = s.ClientURL()
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	type child struct {
+		cmd  *exec.Cmd
+		done chan error
+	}
+	var children []child
+	port := *basePort
+	for _, r := range names {
+		for i := 1; i <= *perRegion; i++ {
+			pop := fmt.Sprintf("%s-%d", r, i)
+			addr := fmt.Sprintf("127.0.0.1:%d", port)
+			port++
+			cmd := exec.Command(self, "pop",
+				"--listen", addr, "--rules", strings.Join(rules.values, ","),
+				"--data", filepath.Join(*dataDir, pop),
+				"--region", r, "--pop", pop, "--topology", topology,
+				"--nats", urls[r], "--flush-interval", flush.String(), "--log-level", *level)
+			cmd.Stdout, cmd.Stderr = stderr, stderr
+			cmd.Env = demoEnv()
+			if err := cmd.Start(); err != nil {
+				return fmt.Errorf("PoP %s: %w", pop, err)
+			}
+			c := child{cmd, make(chan error, 1)}
+			go func() { c.done <- cmd.Wait() }()
+			children = append(children, c)
+			fmt.Fprintf(stdout, "%s %s http://%s\n", r, pop, addr)
+		}
+	}
+	log.Info("demo running; Ctrl-C stops it")
+
+	var firstErr error
+	select {
+	case <-ctx.Done():
+	case err := <-firstExit(children, func(c child) chan error { return c.done }):
+		firstErr = fmt.Errorf("a PoP exited: %v", err)
+	}
+	for _, c := range children {
+		_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	deadline := time.After(15 * time.Second)
+	for _, c := range children {
+		select {
+		case <-c.done:
+		case <-deadline:
+			_ = c.cmd.Process.Kill()
+		}
+	}
+	slog.Debug("demo stopped")
+	return firstErr
+}
+
+// freePort asks the kernel for a free loopback port.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// demoEnv is the environment of the PoPs: the demo's, without EDGELIMIT_*
+// settings, which would override the flags the demo gives each PoP.
+func demoEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "EDGELIMIT_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// firstExit returns a channel that receives the error of the first child to exit.
+func firstExit[T any](children []T, done func(T) chan error) <-chan error {
+	out := make(chan error, len(children))
+	for _, c := range children {
+		go func() {
+			err := <-done(c)
+			done(c) <- err // put it back for the shutdown wait
+			out <- err
+		}()
+	}
+	return out
+}

@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/edgelimit/edgelimit/pop/store"
+	"github.com/edgelimit/edgelimit/replication"
+)
+
+// replFlags are the pop subcommand's replication settings.
+type replFlags struct {
+	region, pop, topology string
+	natsURL               string
+	natsUser, natsPass    string
+	natsCreds, natsNKey   string
+	natsCA                string
+	natsListen            int
+	leafListen            int
+	leafRemotes           listFlag
+	flush                 time.Duration
+}
+
+// parseTopology reads "eu=pop-a,pop-b;us=pop-c" into a Topology.
+func parseTopology(s string) (replication.Topology, error) {
+	t := replication.Topology{Regions: map[string][]string{}}
+	seen := map[string]string{}
+	for _, part := range strings.Split(s, ";") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		region, pops, ok := strings.Cut(part, "=")
+		region = strings.TrimSpace(region)
+		if !ok || region == "" {
+			return t, fmt.Errorf("topology %q: want region=pop,pop;region=pop", part)
+		}
+		for _, p := range strings.Split(pops, ",") {
+			if p = strings.TrimSpace(p); p == "" {
+				continue
+			}
+			if r, dup := seen[p]; dup {
+				return t, fmt.Errorf("topology: PoP %q is in both %s and %s", p, r, region)
+			}
+			seen[p] = region
+			t.Regions[region] = append(t.Regions[region], p)
+		}
+	}
+	return t, nil
+}
+
+// regionPeers lists the other PoPs of pop's region.
+func regionPeers(t replication.Topology, region, pop string) []string {
+	var out []string
+	for _, p := range t.Regions[region] {
+		if p != pop {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// domains names each region's JetStream domain after the region: regions are
+// separate domains linked by leaf nodes (see replication.StartServer).
+func domains(t replication.Topology) map[string]string {
+	d := map[string]string{}
+	for r := range t.Regions {
+		d[r] = r
+	}
+	return d
+}
+
+// validate checks the replication flags; replication is on when --region and
+// --pop are set.
+func (f *replFlags) validate() (replication.Topology, error) {
+	var t replication.Topology
+	if f.region == "" && f.pop == "" {
+		return t, nil
+	}
+	if f.region == "" || f.pop == "" {
+		return t, fmt.Errorf("--region and --pop go together (replication needs both)")
+	}
+	t, err := parseTopology(f.topology)
+	if err != nil {
+		return t, fmt.Errorf("--topology: %w", err)
+	}
+	if len(t.Regions) == 0 {
+		t.Regions = map[string][]string{f.region: {f.pop}}
+	}
+	if t.RegionOf(f.pop) != f.region {
+		regions := make([]string, 0, len(t.Regions))
+		for r := range t.Regions {
+			regions = append(regions, r)
+		}
+		sort.Strings(regions)
+		return t, fmt.Errorf("--topology does not put PoP %q in region %q (regions: %s)", f.pop, f.region, strings.Join(regions, ", "))
+	}
+	if f.flush <= 0 {
+		return t, fmt.Errorf("--flush-interval must be > 0, got %v", f.flush)
+	}
+	if f.natsNKey != "" {
+		if _, err := nats.NkeyOptionFromSeed(f.natsNKey); err != nil {
+			return t, fmt.Errorf("--nats-nkey: %w", err)
+		}
+	}
+	return t, nil
+}
+
+// replicator returns the node's Replicate hook: restore the store from
+// Pebble, connect to NATS (an embedded server unless --nats names one), and
+// run the replicator with every delta persisted before it is published.
+func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog.Logger) func(context.Context, *store.Memory) (func() error, error) {
+	return func(ctx context.Context, mem *store.Memory) (func() error, error) {
+		db, err := replication.OpenDB(filepath.Join(dataDir, "state"), f.pop,
+			&replication.DBOptions{Logger: replication.PebbleLogger(log)})
+		if err != nil {
+			return nil, err
+		}
+		counts := replication.NewPersisted(mem, db, log)
+		seq, err := counts.RestoreFrom()
+		if err != nil {
+			db.Close()
+			return nil, err
+		}
+		var cleanup []func()
+		closeAll := func() {
+			for i := len(cleanup) - 1; i >= 0; i-- {
+				cleanup[i]()
+			}
+			db.Close()
+		}
+		url := f.natsURL
+		if url == "" {
+			cfg := replication.ServerConfig{Name: f.pop, Dir: filepath.Join(dataDir, "nats"), Port: f.natsListen, Domain: f.region,
+				Logger: log.With("component", "nats")}
+			if f.leafListen != 0 || len(f.leafRemotes.values) > 0 {
+				cfg.Leaf = &replication.LeafConfig{Port: f.leafListen}
+				for _, u := range f.leafRemotes.values { // one hub region's server per URL
+					cfg.Leaf.Remotes = append(cfg.Leaf.Remotes, []string{u})
+				}
+			}
+			srv, err := replication.StartServer(cfg)
+			if err != nil {
+				closeAll()
+				return nil, fmt.Errorf("embedded NATS: %w", err)
+			}
+			cleanup = append(cleanup, srv.Shutdown)
+			if err := replication.WaitReady(srv, 10*time.Second); err != nil {
+				closeAll()
+				return nil, fmt.Errorf("embedded NATS: %w", err)
+			}
+			url = srv.ClientURL()
+			log.Info("embedded NATS serving", "url", url, "domain", f.region)
+		}
+		nc, err := replication.Connect(replication.ConnConfig{URL: url, Name: "edgelimit " + f.pop,
+			User: f.natsUser, Password: f.natsPass, NKeySeedFile: f.natsNKey, CredsFile: f.natsCreds, CAFile: f.natsCA,
+			Logger: log.With("component", "nats-client")})
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("nats %s: %w", url, err)
+		}
+		cleanup = append(cleanup, nc.Close)
+		r, err := replication.New(replication.Config{
+			Region: f.region, POP: f.pop, Topology: t, Conn: nc, Counts: counts,
+			FlushInterval: f.flush, StartSeq: seq, OnApplied: counts.Applied,
+			Domains: domains(t), Logger: log.With("component", "replication"),
+		})
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		log.Info("replicating", "region", f.region, "pop", f.pop, "regions", len(t.Regions), "resume_after_seq", seq)
+		return func() error {
+			defer closeAll()
+			err := r.Run(ctx)
+			counts.Delta() // one last save of what was counted
+			return err
+		}, nil
+	}
+}
