@@ -83,32 +83,17 @@ func (d *decoder) request(req *pop.Request) bool {
 		if !ok || !d.byte(':') {
 			return false
 		}
-		switch key {
-		case "domain":
-			if seenDomain {
-				return false
-			}
-			seenDomain = true
-			if req.Domain, ok = d.str(); !ok {
-				return false
-			}
-		case "hits_addend":
-			if seenHits {
-				return false
-			}
-			seenHits = true
-			if req.HitsAddend, ok = d.int(); !ok {
-				return false
-			}
-		case "descriptors":
-			if seenDescriptors {
-				return false
-			}
-			seenDescriptors = true
-			if !d.descriptors(req) {
-				return false
-			}
+		switch {
+		case key == "domain" && once(&seenDomain):
+			req.Domain, ok = d.str()
+		case key == "hits_addend" && once(&seenHits):
+			req.HitsAddend, ok = d.int()
+		case key == "descriptors" && once(&seenDescriptors):
+			ok = d.descriptors(req)
 		default:
+			return false // unknown or repeated: encoding/json decides
+		}
+		if !ok {
 			return false
 		}
 		if d.byte(',') {
@@ -116,6 +101,13 @@ func (d *decoder) request(req *pop.Request) bool {
 		}
 		return d.byte('}')
 	}
+}
+
+// once reports whether *seen was false, and sets it: a field may appear once.
+func once(seen *bool) bool {
+	first := !*seen
+	*seen = true
+	return first
 }
 
 type decoder struct {
@@ -274,11 +266,9 @@ func (d *decoder) entry() (rules.Entry, bool) {
 			return e, false
 		}
 		switch {
-		case name == "key" && !seenKey:
-			seenKey = true
+		case name == "key" && once(&seenKey):
 			e.Key, ok = d.str()
-		case name == "value" && !seenValue:
-			seenValue = true
+		case name == "value" && once(&seenValue):
 			e.Value, ok = d.str()
 		default:
 			return e, false

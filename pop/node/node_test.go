@@ -31,27 +31,34 @@ func check(t *testing.T, base string) (int, string) {
 	return resp.StatusCode, resp.Header.Get("X-RateLimit-Limit")
 }
 
+// start runs a PoP with cfg (Listen, Ready, Logger and ShutdownTimeout
+// filled in) until the returned cancel is called, and returns its base URL and
+// the channel Run's result arrives on.
+func start(t *testing.T, cfg Config) (base string, cancel func(), done <-chan error) {
+	t.Helper()
+	ready := make(chan net.Addr, 1)
+	cfg.Listen, cfg.Ready, cfg.ShutdownTimeout = "127.0.0.1:0", ready, time.Second
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	ctx, stop := context.WithCancel(context.Background())
+	t.Cleanup(stop)
+	errc := make(chan error, 1)
+	go func() { errc <- Run(ctx, cfg) }()
+	select {
+	case a := <-ready:
+		return "http://" + a.String(), stop, errc
+	case err := <-errc:
+		t.Fatal(err)
+	}
+	return "", nil, nil
+}
+
 // A PoP serves checks, reloads its rules when the file changes, keeps the last
 // good rules when the new file is broken, and shuts down when its context ends.
 func TestRunServesAndReloads(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "rules.yaml")
 	os.WriteFile(file, []byte(rulesFile("2")), 0o644)
-	ready := make(chan net.Addr, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, Config{Listen: "127.0.0.1:0", Rules: []string{file}, RulesInterval: 10 * time.Millisecond,
-			DataDir: filepath.Join(dir, "data"), ShutdownTimeout: time.Second, Ready: ready,
-			Logger: slog.New(slog.DiscardHandler)})
-	}()
-	var base string
-	select {
-	case a := <-ready:
-		base = "http://" + a.String()
-	case err := <-done:
-		t.Fatal(err)
-	}
+	base, cancel, done := start(t, Config{Rules: []string{file}, RulesInterval: 10 * time.Millisecond, DataDir: filepath.Join(dir, "data")})
 	for _, want := range []int{200, 200, 429} {
 		if got, _ := check(t, base); got != want {
 			t.Fatalf("status %d, want %d", got, want)
@@ -113,21 +120,7 @@ func TestRunWithRedisStore(t *testing.T) {
 	srv := redistest.Start(t)
 	file := filepath.Join(t.TempDir(), "rules.yaml")
 	os.WriteFile(file, []byte(rulesFile("2")), 0o644)
-	ready := make(chan net.Addr, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, Config{Listen: "127.0.0.1:0", Rules: []string{file}, Store: srv.URL(), RedisTimeout: 100 * time.Millisecond,
-			ShutdownTimeout: time.Second, Ready: ready, Logger: slog.New(slog.DiscardHandler)})
-	}()
-	var base string
-	select {
-	case a := <-ready:
-		base = "http://" + a.String()
-	case err := <-done:
-		t.Fatal(err)
-	}
+	base, _, _ := start(t, Config{Rules: []string{file}, Store: srv.URL(), RedisTimeout: 100 * time.Millisecond})
 	for _, want := range []int{200, 200, 429} {
 		if got, _ := check(t, base); got != want {
 			t.Fatalf("status %d, want %d", got, want)

@@ -93,15 +93,7 @@ func NewMemory(cfg MemoryConfig) *Memory {
 // step with the semantics of limit.Decide, writing one decision per item to
 // out, which must be at least as long as items. It never fails; ctx is unused.
 func (s *Memory) CheckAt(_ context.Context, now, hits int64, items []limit.Item, out []limit.Decision) error {
-	if s.rep != nil {
-		for i := range items {
-			if s.replicates(&items[i]) {
-				s.checkReplicated(now, hits, items, out)
-				return nil
-			}
-		}
-	}
-	if len(items) == 1 { // the common case, without the ordering work
+	if len(items) == 1 && !s.replicates(&items[0]) { // the common case, without the ordering work
 		h := s.hash(items[0].Key)
 		sh := &s.shards[h>>56]
 		sh.mu.Lock()
@@ -111,40 +103,7 @@ func (s *Memory) CheckAt(_ context.Context, now, hits int64, items []limit.Item,
 		sh.mu.Unlock()
 		return nil
 	}
-
-	var (
-		hashBuf  [maxInline]uint64
-		orderBuf [maxInline]int
-		stateBuf [maxInline]*limit.State
-	)
-	hashes, order, states := hashBuf[:0], orderBuf[:0], stateBuf[:0]
-	for i := range items {
-		h := s.hash(items[i].Key)
-		hashes = append(hashes, h)
-		order = append(order, int(h>>56))
-	}
-	order = sortedUnique(order)
-	for _, si := range order {
-		s.shards[si].mu.Lock()
-	}
-	// Find or make every slot first, marked in use; then take pointers, which
-	// no later insert in the same shard can move.
-	for i, h := range hashes {
-		sh := &s.shards[h>>56]
-		sh.t.slots[sh.get(s, h, items[i].Key, now)].idleAt = inUse
-	}
-	for _, h := range hashes {
-		t := &s.shards[h>>56].t
-		states = append(states, &t.slots[t.find(h)].st)
-	}
-	limit.Decide(now, hits, items, states, out)
-	for i, h := range hashes {
-		t := &s.shards[h>>56].t
-		t.slots[t.find(h)].idleAt = items[i].Spec.IdleAt(states[i])
-	}
-	for i := len(order) - 1; i >= 0; i-- {
-		s.shards[order[i]].mu.Unlock()
-	}
+	s.checkMany(now, hits, items, out)
 	return nil
 }
 

@@ -85,9 +85,10 @@ func (s *Memory) replicates(it *limit.Item) bool {
 	return s.rep != nil && it.Scope != limit.ScopePOP && it.Spec.Algorithm.Replicable()
 }
 
-// checkReplicated is CheckAt for a request with at least one replicated item:
-// table items and replicated items decided in one atomic step.
-func (s *Memory) checkReplicated(now, hits int64, items []limit.Item, out []limit.Decision) {
+// checkMany is CheckAt for several items, or a replicated one: it locks the
+// shards of the table items in order (and the replicated counts when an item
+// replicates), so that the whole check is one atomic step.
+func (s *Memory) checkMany(now, hits int64, items []limit.Item, out []limit.Decision) {
 	var (
 		hashBuf  [maxInline]uint64
 		orderBuf [maxInline]int
@@ -99,9 +100,11 @@ func (s *Memory) checkReplicated(now, hits int64, items []limit.Item, out []limi
 	if len(items) > maxInline {
 		temps = make([]limit.State, 0, len(items)) // pointers into temps must not move
 	}
+	replicated := false
 	for i := range items {
 		if s.replicates(&items[i]) {
-			hashes = append(hashes, 0)
+			hashes = append(hashes, 0) // 0: counted in s.rep, not in a shard
+			replicated = true
 			continue
 		}
 		h := s.hash(items[i].Key)
@@ -112,7 +115,11 @@ func (s *Memory) checkReplicated(now, hits int64, items []limit.Item, out []limi
 	for _, si := range order {
 		s.shards[si].mu.Lock()
 	}
-	s.rep.mu.Lock()
+	if replicated {
+		s.rep.mu.Lock()
+	}
+	// Find or make every slot first, marked in use; then take pointers, which
+	// no later insert in the same shard can move.
 	for i, h := range hashes {
 		if h != 0 {
 			sh := &s.shards[h>>56]
@@ -139,7 +146,9 @@ func (s *Memory) checkReplicated(now, hits int64, items []limit.Item, out []limi
 		t := &s.shards[h>>56].t
 		t.slots[t.find(h)].idleAt = items[i].Spec.IdleAt(states[i])
 	}
-	s.rep.mu.Unlock()
+	if replicated {
+		s.rep.mu.Unlock()
+	}
 	for i := len(order) - 1; i >= 0; i-- {
 		s.shards[order[i]].mu.Unlock()
 	}
