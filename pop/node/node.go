@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -102,6 +101,13 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 
+	// Listen first: a busy address fails before anything else starts.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	defer ln.Close()
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := pop.NewMetrics(reg)
@@ -127,12 +133,10 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		go func() { replErr <- run() }()
 	}
-	var reloadFailing atomic.Bool
+	// The watcher's first look loads the files again (the same rules, unless
+	// they changed since the load above) and swaps them in.
 	go rules.NewWatcher(cfg.Rules, cfg.RulesInterval, log).Run(ctx,
 		func(s *rules.Set, warns []rules.Warning) {
-			if s == set { // the watcher's first look finds what Run loaded
-				return
-			}
 			for _, w := range warns {
 				log.Warn("rules: " + w.String())
 			}
@@ -140,18 +144,12 @@ func Run(ctx context.Context, cfg Config) error {
 				warnScopes(log, s)
 			}
 			eng.SetRules(s)
-			reloadFailing.Store(false)
 		},
 		func(err error) {
 			metrics.RulesFailed()
-			reloadFailing.Store(true)
 			log.Error("rules reload failed; the last good rules stay in force", "err", err)
 		})
 
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
 	api := httpapi.New(httpapi.Config{
 		Engine:         eng,
 		Metrics:        metrics,
