@@ -83,3 +83,27 @@ func TestRunPopBadFlags(t *testing.T) {
 		t.Fatalf("missing rules: exit %d, stderr %q", code, errb.String())
 	}
 }
+
+// edgelimit sim prints the same report for the same scenario and seed, and
+// a different one for another seed.
+func TestSimCommand(t *testing.T) {
+	scenario := filepath.Join("..", "..", "simulate", "scenarios", "spray.yaml")
+	out := func(args ...string) string {
+		var stdout, stderr bytes.Buffer
+		if code := run(append([]string{"sim"}, args...), &stdout, &stderr); code != 0 {
+			t.Fatalf("sim %v: exit %d: %s", args, code, stderr.String())
+		}
+		return stdout.String()
+	}
+	a, b := out(scenario), out(scenario)
+	if a != b || !strings.Contains(a, "seed 42") || !strings.Contains(a, "edgelimit") {
+		t.Fatalf("two runs differ or miss the seed:\n%s\n%s", a, b)
+	}
+	if c := out("-seed", "5", scenario); c == a || !strings.Contains(c, "seed 5") {
+		t.Fatalf("-seed 5 did not change the run:\n%s", c)
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"sim", "missing.yaml"}, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "missing.yaml") {
+		t.Fatalf("missing scenario: exit %d, %q", code, stderr.String())
+	}
+}

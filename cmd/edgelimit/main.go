@@ -16,6 +16,8 @@ const usage = `edgelimit — an edge / multi-region rate limiter
 Usage:
   edgelimit pop  [flags]   run a point of presence: the HTTP check API
   edgelimit demo [flags]   a local multi-region deployment: NATS per region, PoPs as processes
+  edgelimit sim [-seed N] [--json] SCENARIO.yaml
+                           simulate a multi-region scenario; report overshoot per strategy
   edgelimit load [flags]   drive a PoP's check API with load and report req/s and latency
   edgelimit baseline [--listen ADDR]
                            serve a trivial HTTP handler: the machine's ceiling for 'load'
@@ -39,6 +41,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runPop(rest, stdout, stderr)
 	case "demo":
 		err = runDemo(rest, stdout, stderr)
+	case "sim":
+		err = runSim(rest, stdout, stderr)
 	case "load":
 		err = runLoad(rest, stdout)
 	case "baseline":

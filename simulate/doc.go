@@ -1,0 +1,32 @@
+// Package simulate is a deterministic multi-region simulator: it runs the real
+// decision engine (pop.Engine over the embedded store.Memory), its CRDT deltas
+// and joins, on a virtual clock and a simulated network, and measures how far
+// each limiting strategy lets traffic exceed the limit against an exact oracle.
+//
+// A run is one goroutine and reads no wall clock: an event queue orders
+// arrivals, flush timers, snapshots and message deliveries by virtual time,
+// ties broken by insertion sequence, and all randomness comes from PCG streams
+// seeded by the scenario's seed. The same scenario and seed give a
+// byte-identical report.
+//
+// What a run models. Each strategy (Edgelimit, LocalOnly, StaticSplit,
+// Centralized) gets fresh engines and stores and the very same arrivals: the
+// traffic draws from its own PCG stream of the seed, the network from
+// another. Edgelimit's PoPs hand their store's Delta to the simulated
+// transport every FlushInterval and their Own state every SnapshotInterval
+// (anti-entropy), as replication.Replicator does; each copy reaches every
+// other PoP's Apply after the one-way latency between their regions plus
+// uniform jitter, unless lost (Loss) or duplicated (Duplicate). A partition
+// holds what crosses the cut until it heals, as JetStream stream sourcing
+// does. Messages and bytes count every copy handed to the network, sized as
+// the proto DeltaBatch that carries it.
+//
+// The oracle is an exact sliding-window log over the hits every PoP admitted.
+// Even Centralized, which sees every hit at once, is graded against it: its
+// residual overshoot and wrong decisions are those of the sliding-window
+// counter itself (prev × (1 − elapsed/window) + cur), the baseline the other
+// strategies add their own error to.
+//
+// simulate imports pop, pop/store, pop/rules, crdt and proto; production code
+// never imports simulate.
+package simulate

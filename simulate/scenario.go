@@ -1,0 +1,274 @@
+package simulate
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/edgelimit/edgelimit/pop/limit"
+	"github.com/edgelimit/edgelimit/pop/rules"
+)
+
+// Scenario is one simulation: the topology, the network between regions, the
+// limit, and the traffic. LoadScenario reads it from YAML; Validate checks it.
+type Scenario struct {
+	Name string `yaml:"name"`
+	// Seed drives every random choice of a run; the same seed replays it.
+	Seed uint64 `yaml:"seed"`
+	// Duration is the simulated time the run covers.
+	Duration time.Duration `yaml:"duration"`
+	// FlushInterval is how often each PoP publishes its delta (replication's
+	// FlushInterval); default 100ms.
+	FlushInterval time.Duration `yaml:"flush_interval"`
+	// SnapshotInterval is how often each PoP publishes its full own state
+	// (anti-entropy, replication's SnapshotInterval); default 5s.
+	SnapshotInterval time.Duration `yaml:"snapshot_interval"`
+	Regions          []Region      `yaml:"regions"`
+	// Latency is the one-way latency between regions, symmetric. Every pair of
+	// distinct regions needs an entry; a region with itself defaults to 0.
+	Latency []Link `yaml:"latency"`
+	// Loss is the probability that a message to one PoP is lost.
+	Loss float64 `yaml:"loss"`
+	// Duplicate is the probability that a message to one PoP arrives twice.
+	Duplicate  float64     `yaml:"duplicate"`
+	Partitions []Partition `yaml:"partitions"`
+	Limit      Limit       `yaml:"limit"`
+	Sources    []Source    `yaml:"sources"`
+}
+
+// Region is a named group of PoPs. PoP names are unique across regions.
+type Region struct {
+	Name string   `yaml:"name"`
+	PoPs []string `yaml:"pops"`
+}
+
+// Link is the one-way latency between regions From and To (either way):
+// Ms, plus a uniform jitter in [-JitterMs, +JitterMs], never below zero.
+type Link struct {
+	From     string  `yaml:"from"`
+	To       string  `yaml:"to"`
+	Ms       float64 `yaml:"ms"`
+	JitterMs float64 `yaml:"jitter_ms"`
+}
+
+// Partition cuts the link between regions From and To (both ways unless
+// OneWay) from Start to End. Messages sent across a cut link are not lost:
+// as with JetStream stream sourcing, they are held and delivered after the
+// link heals (plus the link's latency).
+type Partition struct {
+	From   string        `yaml:"from"`
+	To     string        `yaml:"to"`
+	Start  time.Duration `yaml:"start"`
+	End    time.Duration `yaml:"end"`
+	OneWay bool          `yaml:"oneway"`
+}
+
+// Limit is the one limit every request is checked against, in the terms of
+// a rule file's rate_limit.
+type Limit struct {
+	RequestsPerUnit int64  `yaml:"requests_per_unit"`
+	Unit            string `yaml:"unit"`
+	// Algorithm is sliding_window (default) or fixed_window, the algorithms
+	// that replicate.
+	Algorithm string `yaml:"algorithm"`
+}
+
+// Spread says how a source's requests pick a PoP.
+type Spread string
+
+const (
+	// Anycast sends every request of the source to one PoP: Source.PoP, or
+	// else the PoP at the source's index modulo the number of PoPs.
+	Anycast Spread = "anycast"
+	// Spray sends the source's requests round-robin to all PoPs.
+	Spray Spread = "spray"
+	// Random sends each request to a PoP chosen uniformly at random.
+	Random Spread = "random"
+)
+
+// Source is a client sending requests at Rate per second (Poisson arrivals)
+// between Start and End (default: the whole run). All sources share one
+// limit key, as the clients of one tenant do.
+type Source struct {
+	Name   string        `yaml:"name"`
+	Rate   float64       `yaml:"rate"`
+	Spread Spread        `yaml:"spread"`
+	PoP    string        `yaml:"pop"`
+	Start  time.Duration `yaml:"start"`
+	End    time.Duration `yaml:"end"`
+}
+
+// LoadScenario reads a scenario from a YAML file, rejecting unknown fields,
+// and validates it.
+func LoadScenario(path string) (Scenario, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Scenario{}, fmt.Errorf("simulate: %w", err)
+	}
+	sc, err := ParseScenario(data)
+	if err != nil {
+		return Scenario{}, fmt.Errorf("simulate: %s: %w", path, err)
+	}
+	return sc, nil
+}
+
+// ParseScenario decodes a YAML scenario, rejecting unknown fields, and
+// validates it.
+func ParseScenario(data []byte) (Scenario, error) {
+	var sc Scenario
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&sc); err != nil {
+		return Scenario{}, err
+	}
+	if err := sc.Validate(); err != nil {
+		return Scenario{}, err
+	}
+	return sc, nil
+}
+
+// ErrNoPoPs is returned by Validate for a scenario without any PoP.
+var ErrNoPoPs = errors.New("no PoPs: regions must name at least one PoP")
+
+// Validate checks the scenario and fills in defaults (flush and snapshot
+// intervals, algorithm, source end).
+func (sc *Scenario) Validate() error {
+	if sc.Duration <= 0 {
+		return fmt.Errorf("duration: must be positive, got %v", sc.Duration)
+	}
+	if sc.FlushInterval == 0 {
+		sc.FlushInterval = 100 * time.Millisecond
+	}
+	if sc.FlushInterval < 0 {
+		return fmt.Errorf("flush_interval: must be positive, got %v", sc.FlushInterval)
+	}
+	if sc.SnapshotInterval == 0 {
+		sc.SnapshotInterval = 5 * time.Second
+	}
+	if sc.SnapshotInterval < 0 {
+		return fmt.Errorf("snapshot_interval: must be positive, got %v", sc.SnapshotInterval)
+	}
+	regions := map[string]bool{}
+	pops := map[string]bool{}
+	for i, r := range sc.Regions {
+		if r.Name == "" {
+			return fmt.Errorf("regions[%d].name: is required", i)
+		}
+		if regions[r.Name] {
+			return fmt.Errorf("regions[%d].name: region %q named twice", i, r.Name)
+		}
+		regions[r.Name] = true
+		if len(r.PoPs) == 0 {
+			return fmt.Errorf("regions[%d].pops: region %q has no PoPs", i, r.Name)
+		}
+		for j, p := range r.PoPs {
+			if p == "" {
+				return fmt.Errorf("regions[%d].pops[%d]: empty PoP name", i, j)
+			}
+			if pops[p] {
+				return fmt.Errorf("regions[%d].pops[%d]: PoP %q named twice", i, j, p)
+			}
+			pops[p] = true
+		}
+	}
+	if len(pops) == 0 {
+		return ErrNoPoPs
+	}
+	type pair struct{ a, b string }
+	seen := map[pair]bool{}
+	for i, l := range sc.Latency {
+		if !regions[l.From] || !regions[l.To] {
+			return fmt.Errorf("latency[%d]: unknown region in %q–%q", i, l.From, l.To)
+		}
+		if l.Ms < 0 || l.JitterMs < 0 || math.IsNaN(l.Ms) || math.IsNaN(l.JitterMs) {
+			return fmt.Errorf("latency[%d]: ms and jitter_ms must be ≥ 0, got %v and %v", i, l.Ms, l.JitterMs)
+		}
+		if seen[pair{l.From, l.To}] {
+			return fmt.Errorf("latency[%d]: regions %q and %q given twice", i, l.From, l.To)
+		}
+		seen[pair{l.From, l.To}], seen[pair{l.To, l.From}] = true, true
+	}
+	for i, a := range sc.Regions {
+		for _, b := range sc.Regions[i+1:] {
+			if !seen[pair{a.Name, b.Name}] {
+				return fmt.Errorf("latency: no entry for regions %q and %q", a.Name, b.Name)
+			}
+		}
+	}
+	if !(sc.Loss >= 0 && sc.Loss < 1) {
+		return fmt.Errorf("loss: must be in [0, 1), got %v", sc.Loss)
+	}
+	if !(sc.Duplicate >= 0 && sc.Duplicate < 1) {
+		return fmt.Errorf("duplicate: must be in [0, 1), got %v", sc.Duplicate)
+	}
+	for i, p := range sc.Partitions {
+		if !regions[p.From] || !regions[p.To] {
+			return fmt.Errorf("partitions[%d]: unknown region in %q–%q", i, p.From, p.To)
+		}
+		if p.From == p.To {
+			return fmt.Errorf("partitions[%d]: a region cannot be cut from itself (%q)", i, p.From)
+		}
+		if p.Start < 0 || p.End <= p.Start {
+			return fmt.Errorf("partitions[%d]: need 0 ≤ start < end, got start %v end %v", i, p.Start, p.End)
+		}
+	}
+	if _, _, err := sc.Limit.spec(); err != nil {
+		return fmt.Errorf("limit: %w", err)
+	}
+	if len(sc.Sources) == 0 {
+		return errors.New("sources: at least one source is required")
+	}
+	for i := range sc.Sources {
+		s := &sc.Sources[i]
+		if !(s.Rate > 0) || math.IsInf(s.Rate, 0) {
+			return fmt.Errorf("sources[%d].rate: must be positive, got %v", i, s.Rate)
+		}
+		switch s.Spread {
+		case Anycast:
+			if s.PoP != "" && !pops[s.PoP] {
+				return fmt.Errorf("sources[%d].pop: unknown PoP %q", i, s.PoP)
+			}
+		case Spray, Random:
+			if s.PoP != "" {
+				return fmt.Errorf("sources[%d].pop: only an anycast source names a PoP", i)
+			}
+		default:
+			return fmt.Errorf("sources[%d].spread: %q is not anycast, spray or random", i, s.Spread)
+		}
+		if s.End == 0 {
+			s.End = sc.Duration
+		}
+		if s.Start < 0 || s.End <= s.Start {
+			return fmt.Errorf("sources[%d]: need 0 ≤ start < end, got start %v end %v", i, s.Start, s.End)
+		}
+	}
+	return nil
+}
+
+// spec returns the limit's algorithm spec and unit.
+func (l *Limit) spec() (limit.Spec, rules.Unit, error) {
+	unit, err := rules.ParseUnit(l.Unit)
+	if err != nil {
+		return limit.Spec{}, 0, err
+	}
+	if l.Algorithm == "" {
+		l.Algorithm = "sliding_window"
+	}
+	alg, err := limit.ParseAlgorithm(l.Algorithm)
+	if err != nil {
+		return limit.Spec{}, 0, err
+	}
+	if !alg.Replicable() {
+		return limit.Spec{}, 0, fmt.Errorf("algorithm %s does not replicate (want sliding_window or fixed_window)", alg)
+	}
+	if l.RequestsPerUnit <= 0 {
+		return limit.Spec{}, 0, fmt.Errorf("requests_per_unit: must be positive, got %d", l.RequestsPerUnit)
+	}
+	s := limit.Spec{Algorithm: alg, Limit: l.RequestsPerUnit, Window: int64(unit.Duration())}
+	return s, unit, s.Validate()
+}
