@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/pop/store/redistest"
 )
 
 // buildBinary builds edgelimit once per test binary run.
@@ -227,4 +229,67 @@ func TestDemo(t *testing.T) {
 			t.Fatalf("%s still serving after the demo stopped", u)
 		}
 	}
+}
+
+// Two PoPs in two regions, each on its own Redis, share a global limit: the
+// Redis store replicates through its max-merge script, over real NATS
+// servers linked as leaf nodes.
+func TestPoPsOnRedisReplicate(t *testing.T) {
+	bin := buildBinary(t)
+	ra, rb := redistest.Start(t), redistest.Start(t)
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "rules.yaml")
+	os.WriteFile(rules, []byte("domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: hour, requests_per_unit: 10, scope: global}\n"), 0o644)
+	port := func() string { return strings.Split(freeAddr(t), ":")[1] }
+	leaf := port()
+	a, b := freeAddr(t), freeAddr(t)
+	common := []string{"--rules", rules, "--topology", "eu=a;us=b", "--flush-interval", "50ms", "--redis-timeout", "100ms", "--log-level", "warn"}
+	startPoP(t, bin, append([]string{"--listen", a, "--data", filepath.Join(dir, "a"), "--region", "eu", "--pop", "a",
+		"--store", ra.URL(), "--nats-port", port(), "--nats-leaf-port", leaf}, common...)...)
+	startPoP(t, bin, append([]string{"--listen", b, "--data", filepath.Join(dir, "b"), "--region", "us", "--pop", "b",
+		"--store", rb.URL(), "--nats-port", port(), "--nats-leaf-remote", "nats-leaf://127.0.0.1:" + leaf}, common...)...)
+	admitted := 0
+	for range 6 {
+		if popCheck(t, a) == 200 {
+			admitted++
+		}
+	}
+	// Wait until b has applied a's counts: the leaf link is up and a batch or
+	// snapshot crossed it.
+	deadline := time.Now().Add(20 * time.Second)
+	for !appliedSome(t, b) {
+		if time.Now().After(deadline) {
+			t.Fatal("b applied nothing from a within 20s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond) // a's last flush
+	for range 10 {
+		if popCheck(t, b) == 200 {
+			admitted++
+		}
+		time.Sleep(150 * time.Millisecond)
+	}
+	if admitted != 10 {
+		t.Fatalf("admitted %d across two regions on two Redis servers, want the global limit of 10", admitted)
+	}
+}
+
+// appliedSome reports whether the PoP at addr has applied another PoP's
+// batch or snapshot, from its replication metrics.
+func appliedSome(t *testing.T, addr string) bool {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		for _, m := range []string{"edgelimit_replication_applied_batches_total ", "edgelimit_replication_applied_snapshots_total "} {
+			if v, ok := strings.CutPrefix(line, m); ok && v != "0" {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -10,8 +10,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/edgelimit/edgelimit/pop/store"
+	"github.com/edgelimit/edgelimit/pop/node"
 	"github.com/edgelimit/edgelimit/replication"
 )
 
@@ -116,14 +117,14 @@ func (f *replFlags) validate() (replication.Topology, error) {
 // replicator returns the node's Replicate hook: restore the store from
 // Pebble, connect to NATS (an embedded server unless --nats names one), and
 // run the replicator with every delta persisted before it is published.
-func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog.Logger) func(context.Context, *store.Memory) (func() error, error) {
-	return func(ctx context.Context, mem *store.Memory) (func() error, error) {
+func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog.Logger) func(context.Context, node.Counts, prometheus.Registerer) (func() error, error) {
+	return func(ctx context.Context, store node.Counts, reg prometheus.Registerer) (func() error, error) {
 		db, err := replication.OpenDB(filepath.Join(dataDir, "state"), f.pop,
 			&replication.DBOptions{Logger: replication.PebbleLogger(log)})
 		if err != nil {
 			return nil, err
 		}
-		counts := replication.NewPersisted(mem, db, log)
+		counts := replication.NewPersisted(store, db, log)
 		seq, err := counts.RestoreFrom()
 		if err != nil {
 			db.Close()
@@ -176,6 +177,7 @@ func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog
 			closeAll()
 			return nil, err
 		}
+		reg.MustRegister(replicationCollector{r})
 		log.Info("replicating", "region", f.region, "pop", f.pop, "regions", len(t.Regions), "resume_after_seq", seq)
 		return func() error {
 			defer closeAll()
@@ -184,4 +186,41 @@ func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog
 			return err
 		}, nil
 	}
+}
+
+// replicationCollector exports a Replicator's Stats to Prometheus when scraped.
+type replicationCollector struct{ r *replication.Replicator }
+
+var (
+	replCounters = []struct {
+		name, help string
+		get        func(replication.Stats) uint64
+	}{
+		{"edgelimit_replication_published_batches_total", "Delta batches JetStream acknowledged.", func(s replication.Stats) uint64 { return s.PublishedBatches }},
+		{"edgelimit_replication_published_slots_total", "Slots in acknowledged delta batches.", func(s replication.Stats) uint64 { return s.PublishedSlots }},
+		{"edgelimit_replication_published_bytes_total", "Payload bytes of acknowledged delta batches.", func(s replication.Stats) uint64 { return s.PublishedBytes }},
+		{"edgelimit_replication_publish_failures_total", "Messages whose publish failed or timed out; their slots are retried.", func(s replication.Stats) uint64 { return s.PublishFailures }},
+		{"edgelimit_replication_applied_batches_total", "Other PoPs' delta batches applied (from the stream).", func(s replication.Stats) uint64 { return s.AppliedBatches }},
+		{"edgelimit_replication_applied_slots_total", "Slots of other PoPs applied from delta batches.", func(s replication.Stats) uint64 { return s.AppliedSlots }},
+		{"edgelimit_replication_applied_snapshots_total", "Other PoPs' snapshot messages applied (anti-entropy).", func(s replication.Stats) uint64 { return s.AppliedSnapshots }},
+		{"edgelimit_replication_direct_batches_total", "Other regions' batches taken off core NATS while stream sourcing was stalled.", func(s replication.Stats) uint64 { return s.DirectBatches }},
+	}
+	replDropped = prometheus.NewDesc("edgelimit_replication_dropped_messages_total", "Stream messages dropped as corrupt or unknown, by reason.", []string{"reason"}, nil)
+	replLag     = prometheus.NewDesc("edgelimit_replication_lag_seconds", "Replication lag of applied delta batches (sender's build to receiver's apply), by quantile.", []string{"quantile"}, nil)
+	replStalled = prometheus.NewDesc("edgelimit_replication_stalled_sources", "Other regions whose stream source is stalled.", nil, nil)
+)
+
+func (c replicationCollector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
+
+func (c replicationCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.r.Stats()
+	for _, m := range replCounters {
+		ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(m.name, m.help, nil, nil), prometheus.CounterValue, float64(m.get(s)))
+	}
+	for i, n := range s.Dropped {
+		ch <- prometheus.MustNewConstMetric(replDropped, prometheus.CounterValue, float64(n), replication.DropReason(i).String())
+	}
+	ch <- prometheus.MustNewConstMetric(replLag, prometheus.GaugeValue, s.Lag.P50.Seconds(), "0.5")
+	ch <- prometheus.MustNewConstMetric(replLag, prometheus.GaugeValue, s.Lag.P99.Seconds(), "0.99")
+	ch <- prometheus.MustNewConstMetric(replStalled, prometheus.GaugeValue, float64(s.StalledSources))
 }

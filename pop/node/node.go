@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/edgelimit/edgelimit/crdt"
 	"github.com/edgelimit/edgelimit/pop"
 	"github.com/edgelimit/edgelimit/pop/httpapi"
 	"github.com/edgelimit/edgelimit/pop/rules"
@@ -60,14 +61,15 @@ type Config struct {
 	SweepInterval time.Duration
 	// Replica names this PoP as a CRDT replica and RegionPeers the other PoPs
 	// of its region: with them, limits with scope region or global count
-	// across PoPs (store.MemoryConfig). They need the embedded store.
+	// across PoPs (store.MemoryConfig, store.RedisConfig).
 	Replica     string
 	RegionPeers []string
 	// Replicate, when set, wires the store to replication (cmd supplies it;
 	// pop does not import replication). It is called before the PoP serves
 	// its first check, so that it can restore durable state into the store,
-	// and returns the function that runs replication until ctx ends.
-	Replicate func(ctx context.Context, mem *store.Memory) (run func() error, err error)
+	// and returns the function that runs replication until ctx ends. It may
+	// register its metrics with reg.
+	Replicate func(ctx context.Context, counts Counts, reg prometheus.Registerer) (run func() error, err error)
 	// DebugListen, when set, serves net/http/pprof on that address. Keep it
 	// on loopback or a private interface.
 	DebugListen string
@@ -76,6 +78,17 @@ type Config struct {
 	Logger          *slog.Logger
 	// Ready, when set, receives the address the API listens on once it does.
 	Ready chan<- net.Addr
+}
+
+// Counts is a counter store as replication sees it (replication.Counts,
+// declared here because pop does not import replication): the embedded store
+// and the Redis store both implement it.
+type Counts interface {
+	Delta() []crdt.Slot
+	Own() []crdt.Slot
+	Restore(own []crdt.Slot)
+	Apply(remote []crdt.Slot)
+	Remote() []crdt.Slot
 }
 
 // Run serves a PoP until ctx ends, then shuts down gracefully. The rules must
@@ -112,7 +125,7 @@ func Run(ctx context.Context, cfg Config) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := pop.NewMetrics(reg)
 
-	st, mem, closeStore, err := openStore(cfg, reg)
+	st, counts, closeStore, err := openStore(cfg, reg)
 	if err != nil {
 		return err
 	}
@@ -127,7 +140,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer cancel()
 	replErr := make(chan error, 1)
 	if cfg.Replicate != nil {
-		run, err := cfg.Replicate(ctx, mem)
+		run, err := cfg.Replicate(ctx, counts, reg)
 		if err != nil {
 			return fmt.Errorf("replication: %w", err)
 		}
@@ -209,12 +222,17 @@ func storeName(s string) string {
 // its metrics. A Redis store always sits behind a circuit breaker that falls
 // back to an embedded store, so a PoP keeps limiting on local knowledge when
 // Redis fails.
-func openStore(cfg Config, reg prometheus.Registerer) (pop.Store, *store.Memory, func(), error) {
+//
+// With a replica name, the store that decides also replicates: the embedded
+// store, or Redis — whose own fallback store then counts this PoP's hits
+// alone while Redis is unreachable.
+func openStore(cfg Config, reg prometheus.Registerer) (pop.Store, Counts, func(), error) {
 	embedded := cfg.Store == "" || cfg.Store == "embedded"
-	if cfg.Replica != "" && !embedded {
-		return nil, nil, nil, errors.New("replication across PoPs needs the embedded store; with a Redis store it is not built yet")
+	memCfg := store.MemoryConfig{MaxKeys: cfg.MaxKeys}
+	if embedded {
+		memCfg.Replica, memCfg.RegionPeers = cfg.Replica, cfg.RegionPeers
 	}
-	mem := store.NewMemory(store.MemoryConfig{MaxKeys: cfg.MaxKeys, Replica: cfg.Replica, RegionPeers: cfg.RegionPeers})
+	mem := store.NewMemory(memCfg)
 	registerMemory(reg, mem)
 	stop := make(chan struct{})
 	go sweep(mem, cfg.SweepInterval, stop)
@@ -226,14 +244,15 @@ func openStore(cfg Config, reg prometheus.Registerer) (pop.Store, *store.Memory,
 		close(stop)
 		return nil, nil, nil, fmt.Errorf("--redis-clock: %w", err)
 	}
-	rs, err := store.OpenRedis(store.RedisConfig{URL: cfg.Store, Timeout: cfg.RedisTimeout, ClockSource: clock, BatchWindow: cfg.RedisBatchWindow, Pipelines: cfg.RedisPipelines})
+	rs, err := store.OpenRedis(store.RedisConfig{URL: cfg.Store, Timeout: cfg.RedisTimeout, ClockSource: clock,
+		BatchWindow: cfg.RedisBatchWindow, Pipelines: cfg.RedisPipelines, Replica: cfg.Replica, RegionPeers: cfg.RegionPeers})
 	if err != nil {
 		close(stop)
 		return nil, nil, nil, fmt.Errorf("store: %w", err)
 	}
 	fb := store.NewFallback(rs, mem, store.FallbackConfig{Failures: cfg.BreakerFailures, Cooldown: cfg.BreakerCooldown})
 	registerFallback(reg, fb)
-	return fb, mem, func() { close(stop); _ = rs.Close() }, nil
+	return fb, rs, func() { close(stop); _ = rs.Close() }, nil
 }
 
 func registerFallback(reg prometheus.Registerer, fb *store.Fallback) {

@@ -111,6 +111,15 @@ type RedisConfig struct {
 	// given to CheckAt comes from, and that Check reads. nil means the wall
 	// clock. Tests inject a skewed one.
 	Clock func() int64
+	// Replica names this PoP as a CRDT replica; every server of the PoP
+	// sharing the Redis gives the same name. When set, window limits with
+	// scope region or global decide on this PoP's and the other PoPs' counts
+	// (see redis_replicated.go), and the store is a replication.Counts. When
+	// empty, every limit counts this PoP's hits only.
+	Replica string
+	// RegionPeers are the other PoPs of this PoP's region, whose counts a
+	// region-scoped limit adds to its own.
+	RegionPeers []string
 }
 
 // Redis is the counter store shared by the servers of a PoP, kept in Redis or
@@ -189,6 +198,8 @@ type Redis struct {
 	synced atomic.Bool  // offset has been measured at least once
 
 	reqs sync.Pool // *request
+
+	rep *redisReplicated // nil without a replica name
 }
 
 // OpenRedis connects a Redis store. It fails only on a bad configuration:
@@ -228,6 +239,7 @@ func OpenRedis(cfg RedisConfig) (*Redis, error) {
 		cfg:     cfg,
 		queue:   make(chan *request, cfg.MaxBatch*cfg.Pipelines*2),
 		closing: make(chan struct{}),
+		rep:     newRedisReplicated(cfg),
 	}
 	s.reqs.New = func() any {
 		t := time.NewTimer(time.Hour)
@@ -239,6 +251,9 @@ func OpenRedis(cfg RedisConfig) (*Redis, error) {
 	// than on the first checks.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	_ = checkScript.Load(ctx, client).Err()
+	if s.rep != nil {
+		_ = mergeScript.Load(ctx, client).Err()
+	}
 	if cfg.ClockSource == ClockRedis {
 		_ = s.sampleClock(ctx)
 	}
@@ -401,7 +416,7 @@ func (s *Redis) CheckAt(ctx context.Context, now, hits int64, items []limit.Item
 	select {
 	case <-r.done:
 		r.timer.Stop()
-		return s.finish(r, out)
+		return s.track(now, items, out, s.finish(r, out))
 	case <-r.timer.C:
 		err = s.timeoutErr()
 	case <-ctx.Done():
@@ -412,7 +427,7 @@ func (s *Redis) CheckAt(ctx context.Context, now, hits int64, items []limit.Item
 		return err // the pipeliner owns r now and recycles it
 	}
 	<-r.done // the answer arrived as the deadline did: use it
-	return s.finish(r, out)
+	return s.track(now, items, out, s.finish(r, out))
 }
 
 func (s *Redis) timeoutErr() error {
@@ -482,12 +497,15 @@ type request struct {
 
 // call is one script call: the items of one request that share a slot.
 // Its args follow check.lua: mode, hits, now, now's hi and lo parts, then
-// per item algorithm, limit, window, capacity, shadow, window index, offset.
+// per item algorithm, limit, window, capacity, shadow, window index, offset,
+// remote key offset, remote total field. Its keys are the items' keys, then
+// rkeys (the remote hashes of replicated items).
 type call struct {
-	keys []string
-	args []any
-	idx  []int // the request's item index of each key
-	cmd  *redis.Cmd
+	keys  []string
+	rkeys []string
+	args  []any
+	idx   []int // the request's item index of each key
+	cmd   *redis.Cmd
 }
 
 // prepare fills r for a check; r is fresh from the pool.
@@ -517,8 +535,9 @@ func (r *request) prepare(s *Redis, now, hits int64, items []limit.Item, deadlin
 		c := r.newCall()
 		c.args = append(c.args, "d", hits, now, nowHi, nowLo)
 		for i := range items {
-			c.add(kbuf[:0], i, &items[i], now)
+			c.add(s, kbuf[:0], i, &items[i], now)
 		}
+		c.keys = append(c.keys, c.rkeys...)
 		return
 	}
 	// One peek call per slot, items in their order within each.
@@ -533,9 +552,10 @@ func (r *request) prepare(s *Redis, now, hits int64, items []limit.Item, deadlin
 		for j := i; j < len(items); j++ {
 			if !done[j] && keySlot(items[j].Key) == sl {
 				done[j] = true
-				c.add(kbuf[:0], j, &items[j], now)
+				c.add(s, kbuf[:0], j, &items[j], now)
 			}
 		}
+		c.keys = append(c.keys, c.rkeys...)
 	}
 }
 
@@ -547,12 +567,12 @@ func (r *request) newCall() *call {
 		r.calls = append(r.calls, call{})
 	}
 	c := &r.calls[len(r.calls)-1]
-	c.keys, c.args, c.idx = c.keys[:0], c.args[:0], c.idx[:0]
+	c.keys, c.rkeys, c.args, c.idx = c.keys[:0], c.rkeys[:0], c.args[:0], c.idx[:0]
 	return c
 }
 
 // add appends item i of the request to c.
-func (c *call) add(kbuf []byte, i int, it *limit.Item, now int64) {
+func (c *call) add(s *Redis, kbuf []byte, i int, it *limit.Item, now int64) {
 	sp := it.Spec
 	capacity := sp.Capacity()
 	var idx, off int64
@@ -567,6 +587,15 @@ func (c *call) add(kbuf []byte, i int, it *limit.Item, now int64) {
 	c.keys = append(c.keys, string(appendRedisKey(kbuf, it)))
 	c.idx = append(c.idx, i)
 	c.args = append(c.args, int(sp.Algorithm), sp.Limit, sp.Window, capacity, shadow, idx, off)
+	if !s.replicates(it) {
+		c.args = append(c.args, 0, "")
+		return
+	}
+	c.args = append(c.args, len(c.rkeys)+1, remoteField(it.Scope))
+	// One statement each: kbuf is reused, and Go may convert both to strings
+	// after both appends if they were arguments of one call.
+	c.rkeys = append(c.rkeys, string(appendRemoteKey(kbuf[:0], it.Key, idx)))
+	c.rkeys = append(c.rkeys, string(appendRemoteKey(kbuf[:0], it.Key, idx-1)))
 }
 
 // appendRedisKey appends it's Redis key, el:{<tag>}:<algorithm>:<key>.

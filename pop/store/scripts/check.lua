@@ -18,10 +18,21 @@
 -- ARGV[2]  hits (>= 1)
 -- ARGV[3]  now, decimal nanoseconds since the epoch (>= 0)
 -- ARGV[4]  now's hi part, ARGV[5] now's lo part
--- then 7 fields per item i, from ARGV[6 + 7*(i-1)]:
+-- then 9 fields per item i, from ARGV[6 + 9*(i-1)]:
 --   algorithm (0 sliding_window, 1 fixed_window, 2 token_bucket, 3 gcra,
 --   4 sliding_log), limit, window (ns), capacity (burst, or limit when 0),
---   shadow (0/1), window index floor(now / window), now - index*window.
+--   shadow (0/1), window index floor(now / window), now - index*window,
+--   remote (0, or r > 0 for an item counted across PoPs: its remote hashes
+--   for windows index and index-1 are KEYS[n + r] and KEYS[n + r + 1], n the
+--   number of items), total (the hash field holding the remote total the item
+--   adds: "~g" global or "~r" region; see merge.lua).
+--
+-- An item counted across PoPs (window algorithms only) decides on own +
+-- remote counts: its own state holds this PoP's hits exactly as for any
+-- item, and the peek sees cur and prev raised by the remote running totals
+-- merge.lua keeps; only own hits are ever added. When the own state is one
+-- window ahead of now (a lagging clock), the remote total of window index
+-- counts as prev and the newer window's remote total, not passed, as zero.
 --
 -- Stored values (all keys expire GRACE_MS after their state turns idle,
 -- limit.Spec.IdleAt):
@@ -29,6 +40,9 @@
 --   token_bucket       STRING "start tokens"  (start decimal ns, tokens %.17g)
 --   gcra               STRING "tat"           (decimal ns)
 --   sliding_log        LIST of decimal ns, oldest pushed first
+-- and, read only (merge.lua writes them, with their own TTL), the remote
+-- HASHes of replicated items, whose "~g" and "~r" fields are the other PoPs'
+-- running totals.
 --
 -- Returns 4 integers per item: allowed (0/1), remaining, reset, retry_after.
 
@@ -281,20 +295,43 @@ local function encode(it, st)
   return abs(st.r)
 end
 
+-- nitems is the number of items; KEYS after them are remote hashes.
+local nitems = (#ARGV - 5) / 9
+
+-- remoteTotal returns the remote running total field f of hash k, 0 if none.
+local function remoteTotal(k, f)
+  return tonumber(redis.call('HGET', k, f) or '0') or 0
+end
+
+-- view is the state the peek of a replicated item sees: own plus remote.
+local function view(it, st)
+  if it.rk == 0 or it.alg > 1 then return st end
+  local n = nitems -- the remote keys follow the items'
+  local rc, rp = 0, 0
+  if st.s == it.idx then
+    rc = remoteTotal(KEYS[n + it.rk], it.field)
+    rp = remoteTotal(KEYS[n + it.rk + 1], it.field)
+  elseif st.s == it.idx + 1 then
+    rp = remoteTotal(KEYS[n + it.rk], it.field)
+  end
+  return { s = st.s, c = st.c + rc, p = st.p + rp }
+end
+
 -- out holds 4 integers per item: allowed, remaining, reset, retry_after.
 local items, out = {}, {}
-for i = 1, #KEYS do
-  local b = 6 + 7 * (i - 1)
+for i = 1, nitems do
+  local b = 6 + 9 * (i - 1)
   local it = {
     key = KEYS[i], alg = tonumber(ARGV[b]), limit = tonumber(ARGV[b + 1]),
     w = tonumber(ARGV[b + 2]), cap = tonumber(ARGV[b + 3]), shadow = ARGV[b + 4] == '1',
     idx = tonumber(ARGV[b + 5]), off = tonumber(ARGV[b + 6]),
+    rk = tonumber(ARGV[b + 7]), field = ARGV[b + 8],
   }
   items[i] = it
   local st = load(it)
   advance(it, st)
   local j = 4 * (i - 1)
-  out[j + 1], out[j + 2], out[j + 3], out[j + 4] = peek(it, st)
+  out[j + 1], out[j + 2], out[j + 3], out[j + 4] = peek(it, view(it, st))
 end
 if mode == 'p' then return out end
 
