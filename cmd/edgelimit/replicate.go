@@ -210,7 +210,9 @@ var (
 	replStalled = prometheus.NewDesc("edgelimit_replication_stalled_sources", "Other regions whose stream source is stalled.", nil, nil)
 )
 
-func (c replicationCollector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
+func (c replicationCollector) Describe(ch chan<- *prometheus.Desc) {
+	prometheus.DescribeByCollect(c, ch)
+}
 
 func (c replicationCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.r.Stats()
