@@ -59,3 +59,15 @@ func (t Topology) RegionOf(pop string) string {
 	}
 	return ""
 }
+
+// Bits is a PoP's table of mitigation bits as replication sees it: keys known
+// to be over a region or global limit, denied without counting until a time.
+// Implementations are safe for concurrent use.
+type Bits interface {
+	// BitsDelta returns the bits this PoP issued or extended since the last
+	// call (crdt.Bit.Origin is this PoP).
+	BitsDelta() []crdt.Bit
+	// ApplyBits joins other PoPs' bits: per (key, scope) the latest Until
+	// wins. The caller passes only bits whose scope concerns this PoP.
+	ApplyBits(bits []crdt.Bit)
+}
