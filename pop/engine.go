@@ -147,8 +147,16 @@ type Engine struct {
 	store   Store
 	rules   atomic.Pointer[rules.Set]
 	metrics *Metrics
+	mit     *Mitigations // nil: no mitigation bits
 	scratch sync.Pool
 }
+
+// UseMitigations makes the engine consult and issue mitigation bits in m:
+// a region or global limit whose key carries a bit denies at once, without
+// the store, until the bit ends; and a check that finds a key over such a
+// limit issues a bit (until the sliding estimate falls back under the limit,
+// or for the rule's mitigation duration). Call it before serving.
+func (e *Engine) UseMitigations(m *Mitigations) { e.mit = m }
 
 // NewEngine returns an engine deciding against store with the given rules.
 // metrics may be nil.
@@ -249,13 +257,29 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 	}
 	s.out = s.out[:n]
 
-	if err := e.store.CheckAt(ctx, now.UnixNano(), hits, s.items, s.out); err != nil {
+	nowNs := now.UnixNano()
+	if e.mit != nil {
+		for i := range s.items {
+			it := &s.items[i]
+			if it.Scope == limit.ScopePOP || it.Shadow {
+				continue
+			}
+			if until, ok := e.mit.Until(it.Key, nowNs); ok {
+				e.mitigated(res, s.limits[i], s.owner[i], time.Duration(until-nowNs))
+				return nil
+			}
+		}
+	}
+	if err := e.store.CheckAt(ctx, nowNs, hits, s.items, s.out); err != nil {
 		e.metrics.storeError()
 		return fmt.Errorf("pop: store: %w", err)
 	}
 	admitted := limit.Admit(s.items, s.out)
 	if !admitted {
 		res.Code = OverLimit
+		if e.mit != nil && hits == 1 {
+			e.issue(s, nowNs)
+		}
 	}
 	for i, l := range s.limits {
 		d := s.out[i]
@@ -281,6 +305,33 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 		}
 	}
 	return nil
+}
+
+// mitigated writes the answer for a request denied by a mitigation bit on
+// limit l of descriptor di, without asking the store.
+func (e *Engine) mitigated(res *Result, l *rules.Limit, di int, wait time.Duration) {
+	res.Code, res.Decisive = OverLimit, di
+	res.Statuses[di] = Status{Code: OverLimit, Limit: l, Reset: wait, RetryAfter: wait}
+	e.metrics.mitigatedDecision(l)
+}
+
+// issue records a mitigation bit for every region or global limit that a
+// single hit found over: with no room left, the key is over for any request
+// until RetryAfter (the time the sliding estimate falls back under the limit),
+// or for the rule's mitigation duration. A request for several hits can be
+// denied while one would fit, so only single hits issue bits.
+func (e *Engine) issue(s *scratch, nowNs int64) {
+	for i, l := range s.limits {
+		d := s.out[i]
+		if d.Allowed || l.Shadow || l.Scope == limit.ScopePOP || d.Remaining != 0 {
+			continue
+		}
+		until := nowNs + d.RetryAfter
+		if l.Mitigation > 0 {
+			until = nowNs + int64(l.Mitigation)
+		}
+		e.mit.Issue(s.items[i].Key, l.Scope, until)
+	}
 }
 
 func (s *scratch) key(i int) []byte {

@@ -28,7 +28,7 @@ type Metrics struct {
 }
 
 type limitCounters struct {
-	allowed, denied, shadowDenied, spared prometheus.Counter
+	allowed, denied, shadowDenied, spared, mitigated prometheus.Counter
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -36,7 +36,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "edgelimit_decisions_total",
-			Help: "Limit decisions by domain, rule and outcome: allowed (counted), denied (this limit denied the request), shadow_denied (a shadow_mode limit would have denied), spared (this limit had room but another denied the request, so nothing was counted).",
+			Help: "Limit decisions by domain, rule and outcome: allowed (counted), denied (this limit denied the request), shadow_denied (a shadow_mode limit would have denied), spared (this limit had room but another denied the request, so nothing was counted), mitigated (denied by a mitigation bit without asking the store).",
 		}, []string{"domain", "rule", "outcome"}),
 		unknownDomains: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "edgelimit_unknown_domain_checks_total",
@@ -80,7 +80,7 @@ func (m *Metrics) RulesLoaded(set *rules.Set) {
 	by := make(map[*rules.Limit]*limitCounters)
 	for _, l := range set.Limits() {
 		c := func(outcome string) prometheus.Counter { return m.decisions.WithLabelValues(l.Domain, l.Name, outcome) }
-		by[l] = &limitCounters{allowed: c("allowed"), denied: c("denied"), shadowDenied: c("shadow_denied"), spared: c("spared")}
+		by[l] = &limitCounters{allowed: c("allowed"), denied: c("denied"), shadowDenied: c("shadow_denied"), spared: c("spared"), mitigated: c("mitigated")}
 	}
 	m.byLimit.Store(&by)
 	m.reloads.WithLabelValues("ok").Inc()
@@ -134,6 +134,17 @@ func (m *Metrics) decision(l *rules.Limit, allowed, admitted bool) {
 		c.allowed.Inc()
 	default:
 		c.spared.Inc()
+	}
+}
+
+func (m *Metrics) mitigatedDecision(l *rules.Limit) {
+	if m == nil {
+		return
+	}
+	if by := m.byLimit.Load(); by != nil {
+		if c := (*by)[l]; c != nil {
+			c.mitigated.Inc()
+		}
 	}
 }
 

@@ -117,8 +117,8 @@ func (f *replFlags) validate() (replication.Topology, error) {
 // replicator returns the node's Replicate hook: restore the store from
 // Pebble, connect to NATS (an embedded server unless --nats names one), and
 // run the replicator with every delta persisted before it is published.
-func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog.Logger) func(context.Context, node.Counts, prometheus.Registerer) (func() error, error) {
-	return func(ctx context.Context, store node.Counts, reg prometheus.Registerer) (func() error, error) {
+func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog.Logger) func(context.Context, node.Counts, node.Bits, prometheus.Registerer) (func() error, error) {
+	return func(ctx context.Context, store node.Counts, bits node.Bits, reg prometheus.Registerer) (func() error, error) {
 		db, err := replication.OpenDB(filepath.Join(dataDir, "state"), f.pop,
 			&replication.DBOptions{Logger: replication.PebbleLogger(log)})
 		if err != nil {

@@ -2,6 +2,7 @@
 //
 //	POST /v1/check        one check, the JSON mapping of Envoy's RateLimitRequest
 //	POST /v1/check/batch  many independent checks in one request
+//	GET  /v1/mitigations  the mitigation bits in force
 //	ANY  /v1/authz[/...]  forward auth for nginx auth_request, Traefik
 //	                      ForwardAuth and Envoy ext_authz (HTTP)
 //	GET  /healthz         the process is up
@@ -33,6 +34,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/edgelimit/edgelimit/pop"
+	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/rules"
 )
 
@@ -47,6 +49,8 @@ const (
 // Config configures a Server.
 type Config struct {
 	Engine *pop.Engine
+	// Mitigations, when set, is listed by GET /v1/mitigations.
+	Mitigations *pop.Mitigations
 	// Metrics may be nil.
 	Metrics *pop.Metrics
 	// MetricsHandler serves /metrics; nil leaves it out.
@@ -91,6 +95,7 @@ func New(cfg Config) *Server {
 	s.bufs.New = func() any { return &reqState{body: make([]byte, 0, 1024), out: make([]byte, 0, 1024)} }
 	s.mux.HandleFunc("/v1/check", s.handleCheck)
 	s.mux.HandleFunc("/v1/check/batch", s.handleBatch)
+	s.mux.HandleFunc("/v1/mitigations", s.handleMitigations)
 	s.mux.HandleFunc("/v1/authz", s.handleAuthz)
 	s.mux.HandleFunc("/v1/authz/", s.handleAuthz)
 	s.mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -207,6 +212,39 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 	st.out = out
 	s.cfg.Metrics.ObserveCheck("batch", s.cfg.Now().Sub(now))
 	writeJSON(w, http.StatusOK, out)
+}
+
+// handleMitigations lists the mitigation bits in force:
+// {"mitigations":[{"key","scope","until","retry_after","origin"}]}, keys
+// rendered by rules.DescribeKey, until in RFC 3339, retry_after in seconds.
+func (s *Server) handleMitigations(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", "GET")
+		writeError(w, http.StatusMethodNotAllowed, "METHOD_NOT_ALLOWED", "", "use GET")
+		return
+	}
+	now := s.cfg.Now()
+	b := []byte(`{"mitigations":[`)
+	if s.cfg.Mitigations != nil {
+		for i, bit := range s.cfg.Mitigations.Active(now.UnixNano()) {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			until := time.Unix(0, bit.Until).UTC()
+			b = append(b, `{"key":`...)
+			b = appendString(b, rules.DescribeKey(bit.Key))
+			b = append(b, `,"scope":"`...)
+			b = append(b, limit.Scope(bit.Scope).String()...)
+			b = append(b, `","until":"`...)
+			b = until.AppendFormat(b, time.RFC3339Nano)
+			b = append(b, `","retry_after":`...)
+			b = strconv.AppendInt(b, seconds(until.Sub(now)), 10)
+			b = append(b, `,"origin":`...)
+			b = appendString(b, bit.Origin)
+			b = append(b, '}')
+		}
+	}
+	writeJSON(w, http.StatusOK, append(b, "]}"...))
 }
 
 // appendCheckError appends the error object of batch check i.

@@ -416,3 +416,48 @@ func BenchmarkBatch(b *testing.B) {
 	})
 	b.ReportMetric(float64(b.N*perBatch)/time.Since(start).Seconds(), "decisions/s")
 }
+
+func TestMitigationsEndpoint(t *testing.T) {
+	root := &rules.Node{}
+	l := lim("ip", 1, rules.Minute, "per_ip")
+	l.Scope = rules.ScopeGlobal
+	root.Child("ip", "").Add(l)
+	set, _ := rules.NewSet(rules.NewDomain("api_platform", "test", root))
+	c := &clock{t: limittest.T0.Add(30 * time.Second)}
+	m := pop.NewMitigations("eu-1")
+	eng := pop.NewEngine(store.NewMemory(store.MemoryConfig{Replica: "eu-1"}), set, nil)
+	eng.UseMitigations(m)
+	srv := httptest.NewServer(New(Config{Engine: eng, Mitigations: m, Now: c.now}))
+	defer srv.Close()
+	body := `{"domain":"api_platform","descriptors":[{"entries":[{"key":"ip","value":"1.2.3.4"}]}]}`
+	post(t, srv.URL+"/v1/check", body)
+	if resp, _ := post(t, srv.URL+"/v1/check", body); resp.StatusCode != 429 {
+		t.Fatalf("2nd check: %d", resp.StatusCode)
+	}
+	resp, err := http.Get(srv.URL + "/v1/mitigations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var got struct {
+		Mitigations []struct {
+			Key, Scope, Until, Origin string
+			RetryAfter                int64 `json:"retry_after"`
+		}
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Mitigations) != 1 {
+		t.Fatalf("mitigations %+v", got)
+	}
+	g := got.Mitigations[0]
+	if g.Key != "api_platform ip=1.2.3.4 (minute sliding_window global)" || g.Scope != "global" || g.Origin != "eu-1" || g.RetryAfter <= 0 {
+		t.Fatalf("mitigation %+v", g)
+	}
+	// A third check is denied by the bit, with Retry-After to its end.
+	resp2, _ := post(t, srv.URL+"/v1/check", body)
+	if ra, _ := strconv.ParseInt(resp2.Header.Get("Retry-After"), 10, 64); resp2.StatusCode != 429 || ra != g.RetryAfter {
+		t.Fatalf("3rd check: %d Retry-After %q, want the bit's %d", resp2.StatusCode, resp2.Header.Get("Retry-After"), g.RetryAfter)
+	}
+}

@@ -69,7 +69,7 @@ type Config struct {
 	// its first check, so that it can restore durable state into the store,
 	// and returns the function that runs replication until ctx ends. It may
 	// register its metrics with reg.
-	Replicate func(ctx context.Context, counts Counts, reg prometheus.Registerer) (run func() error, err error)
+	Replicate func(ctx context.Context, counts Counts, bits Bits, reg prometheus.Registerer) (run func() error, err error)
 	// DebugListen, when set, serves net/http/pprof on that address. Keep it
 	// on loopback or a private interface.
 	DebugListen string
@@ -89,6 +89,12 @@ type Counts interface {
 	Restore(own []crdt.Slot)
 	Apply(remote []crdt.Slot)
 	Remote() []crdt.Slot
+}
+
+// Bits is a PoP's mitigation table as replication sees it (replication.Bits).
+type Bits interface {
+	BitsDelta() []crdt.Bit
+	ApplyBits(bits []crdt.Bit)
 }
 
 // Run serves a PoP until ctx ends, then shuts down gracefully. The rules must
@@ -132,6 +138,13 @@ func Run(ctx context.Context, cfg Config) error {
 	defer closeStore()
 
 	eng := pop.NewEngine(st, set, metrics)
+	var mit *pop.Mitigations
+	if cfg.Replica != "" {
+		mit = pop.NewMitigations(cfg.Replica)
+		eng.UseMitigations(mit)
+		registerMitigations(reg, mit)
+		go sweepMitigations(ctx, mit)
+	}
 	if cfg.Replica == "" {
 		warnScopes(log, set)
 	}
@@ -140,7 +153,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer cancel()
 	replErr := make(chan error, 1)
 	if cfg.Replicate != nil {
-		run, err := cfg.Replicate(ctx, counts, reg)
+		run, err := cfg.Replicate(ctx, counts, mit, reg)
 		if err != nil {
 			return fmt.Errorf("replication: %w", err)
 		}
@@ -165,6 +178,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 	api := httpapi.New(httpapi.Config{
 		Engine:         eng,
+		Mitigations:    mit,
 		Metrics:        metrics,
 		MetricsHandler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
 		Logger:         log,
@@ -330,4 +344,34 @@ func debugMux() *http.ServeMux {
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	return mux
+}
+
+func sweepMitigations(ctx context.Context, m *pop.Mitigations) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			m.Sweep(now.UnixNano())
+		}
+	}
+}
+
+func registerMitigations(reg prometheus.Registerer, m *pop.Mitigations) {
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "edgelimit_mitigation_bits_issued_total",
+			Help: "Mitigation bits this PoP issued or extended (a key found over a region or global limit).",
+		}, func() float64 { return float64(m.Stats().Issued) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "edgelimit_mitigation_bits_received_total",
+			Help: "Other PoPs' mitigation bits that changed this PoP's table.",
+		}, func() float64 { return float64(m.Stats().Applied) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "edgelimit_mitigation_bits_active",
+			Help: "Mitigation bits in force.",
+		}, func() float64 { return float64(len(m.Active(time.Now().UnixNano()))) }),
+	)
 }

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -632,7 +633,7 @@ func (p *parser) descriptorLimits(m map[string]field, path string, node *Node, s
 // rateLimit parses one rate_limit object. f.key is where messages point for
 // the object as a whole.
 func (p *parser) rateLimit(f field) (l *Limit, hasName, ok bool) {
-	m := p.mapping(f.val, "rate_limit", []string{"unit", "requests_per_unit", "unlimited", "name", "algorithm", "burst", "scope", "fail_closed"}, envoyRateLimitFields)
+	m := p.mapping(f.val, "rate_limit", []string{"unit", "requests_per_unit", "unlimited", "name", "algorithm", "burst", "scope", "fail_closed", "mitigation"}, envoyRateLimitFields)
 	if m == nil {
 		return nil, false, false
 	}
@@ -707,6 +708,26 @@ func (p *parser) rateLimit(f field) (l *Limit, hasName, ok bool) {
 	}
 	if g, ok := m["fail_closed"]; ok {
 		l.FailClosed, _ = p.boolean(g, "fail_closed")
+	}
+	if g, ok := m["mitigation"]; ok {
+		mm := p.mapping(g.val, "mitigation", []string{"duration"}, nil)
+		if d, ok := mm["duration"]; ok {
+			if s, ok := p.str(d, "mitigation.duration"); ok {
+				dur, err := time.ParseDuration(s)
+				switch {
+				case err != nil:
+					p.errorf(d.val, "mitigation.duration: %v (want e.g. 10m)", err)
+				case dur <= 0:
+					p.errorf(d.val, "mitigation.duration must be > 0, got %v", dur)
+				}
+				l.Mitigation = dur
+			}
+		} else {
+			p.errorf(g.key, "mitigation needs a duration (e.g. {duration: 10m})")
+		}
+		if l.Scope == ScopePOP {
+			p.errorf(g.key, "mitigation applies to scope region or global limits: a pop-scoped limit is already decided here")
+		}
 	}
 	if len(p.errs) > errs {
 		return nil, false, false

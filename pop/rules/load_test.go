@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/edgelimit/edgelimit/pop/limit"
 )
@@ -308,7 +309,10 @@ descriptors:
 `, 7, []string{`unknown field "request_per_unit" in rate_limit`}},
 		{"unknown top-level field", "domain: d\ndescriptor: []\n", 2, []string{`unknown field "descriptor" in the rule file`}},
 		{"unknown descriptor field", head + "  - key: k\n    valeu: x\n", 4, []string{`unknown field "valeu" in descriptor`}},
-		{"mitigation is not a rate_limit field", head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, mitigation: true}\n", 4, []string{`unknown field "mitigation" in rate_limit`}},
+		{"mitigation must be a mapping", head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, scope: global, mitigation: true}\n", 4, []string{"mitigation must be a mapping"}},
+		{"mitigation on a pop limit", head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, mitigation: {duration: 10m}}\n", 4, []string{"mitigation applies to scope region or global"}},
+		{"mitigation with a bad duration", head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, scope: global, mitigation: {duration: soon}}\n", 4, []string{"mitigation.duration"}},
+		{"mitigation with an unknown field", head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, scope: global, mitigation: {duration: 1m, for: 2m}}\n", 4, []string{`unknown field "for" in mitigation`}},
 		{"missing key", head + "  - value: x\n    rate_limit: {unit: second, requests_per_unit: 1}\n", 3, []string{"descriptor has no key"}},
 		{"empty key", head + "  - key: \"\"\n", 3, []string{"key must not be empty"}},
 		{"missing domain", "descriptors: []\n", 1, []string{"domain is required"}},
@@ -481,4 +485,16 @@ func FuzzLoad(f *testing.F) {
 			names[l.Domain+"\x00"+l.Name] = true
 		}
 	})
+}
+
+func TestLoadMitigation(t *testing.T) {
+	set, _, err := Load(writeFile(t, t.TempDir(), "rules.yaml",
+		"domain: d\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 100, scope: global, mitigation: {duration: 10m}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls := set.Domain("d").Match([]Entry{{Key: "ip", Value: "1.2.3.4"}})
+	if len(ls) != 1 || ls[0].Mitigation != 10*time.Minute {
+		t.Fatalf("limits %+v, want one with a 10m mitigation", ls)
+	}
 }

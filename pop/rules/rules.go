@@ -14,6 +14,7 @@ package rules
 import (
 	"encoding/binary"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -112,6 +113,11 @@ type Limit struct {
 	// FailClosed denies instead of deciding on local knowledge when the
 	// shared counter store cannot answer.
 	FailClosed bool
+	// Mitigation, when set (rate_limit.mitigation.duration), is how long a
+	// key that crossed this region or global limit stays denied everywhere in
+	// scope (a ban); when zero, a crossing is mitigated until the sliding
+	// estimate falls back under the limit.
+	Mitigation time.Duration
 }
 
 // AppendKey appends the store key of this limit for a request whose descriptor
@@ -126,6 +132,41 @@ func (l *Limit) AppendKey(dst []byte, entries []Entry) []byte {
 		dst = appendPart(dst, e.Value)
 	}
 	return append(dst, 0, byte(l.Spec.Algorithm), byte(l.Unit), byte(l.Scope))
+}
+
+// DescribeKey renders a store key built by AppendKey for people: the domain,
+// the descriptor's entries, then unit, algorithm and scope, e.g.
+// "api_platform api_key=abc endpoint=POST /orders (minute sliding_window
+// global)". A key AppendKey did not build is rendered as a quoted string.
+func DescribeKey(key string) string {
+	var parts []string
+	rest := key
+	next := func() (string, bool) {
+		n, w := binary.Uvarint([]byte(rest))
+		if w <= 0 || uint64(len(rest)-w) < n {
+			return "", false
+		}
+		part := rest[w : w+int(n)]
+		rest = rest[w+int(n):]
+		return part, true
+	}
+	domain, ok := next()
+	if !ok {
+		return strconv.Quote(key)
+	}
+	parts = append(parts, domain)
+	for len(rest) > 0 && rest[0] != 0 { // a key is never empty: 0 starts the suffix
+		k, ok1 := next()
+		v, ok2 := next()
+		if !ok1 || !ok2 {
+			return strconv.Quote(key)
+		}
+		parts = append(parts, k+"="+v)
+	}
+	if len(rest) != 4 || int(rest[2]) >= len(unitNames) {
+		return strconv.Quote(key)
+	}
+	return fmt.Sprintf("%s (%s %s %s)", strings.Join(parts, " "), Unit(rest[2]), limit.Algorithm(rest[1]), limit.Scope(rest[3]))
 }
 
 // KeyWindow returns the window length of a store key built by AppendKey,

@@ -1,0 +1,141 @@
+package pop
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/pop/limit"
+	"github.com/edgelimit/edgelimit/pop/rules"
+	"github.com/edgelimit/edgelimit/pop/store"
+)
+
+// mitigatedPoP is a PoP with a replicating store and a mitigation table,
+// holding a global limit of n per minute on "ip" (and a pop-scoped one on
+// "local").
+func mitigatedPoP(t testing.TB, name string, n int64, ban time.Duration) (*Engine, *Mitigations, *store.Memory) {
+	root := &rules.Node{}
+	g := lim("api", "ip", n, rules.Minute)
+	g.Scope, g.Mitigation = rules.ScopeGlobal, ban
+	root.Child("ip", "").Add(g)
+	root.Child("local", "").Add(lim("api", "local", n, rules.Minute))
+	set, err := rules.NewSet(rules.NewDomain("api", "test", root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := store.NewMemory(store.MemoryConfig{Replica: name})
+	m := NewMitigations(name)
+	e := NewEngine(mem, set, nil)
+	e.UseMitigations(m)
+	return e, m, mem
+}
+
+func TestMitigationBits(t *testing.T) {
+	a, ma, _ := mitigatedPoP(t, "a", 5, 0)
+	b, mb, memB := mitigatedPoP(t, "b", 5, 0)
+	ctx := context.Background()
+	var res Result
+	at := t0.Add(30 * time.Second)
+	ip := []string{"ip", "1.2.3.4"}
+	for range 5 {
+		if err := a.CheckAt(ctx, at, req(1, ip), &res); err != nil || res.Code != OK {
+			t.Fatalf("a: %v %+v", err, res)
+		}
+	}
+	if err := a.CheckAt(ctx, at, req(1, ip), &res); err != nil || res.Code != OverLimit {
+		t.Fatalf("6th at a: %v %+v", err, res)
+	}
+	bits := ma.BitsDelta()
+	if len(bits) != 1 || bits[0].Origin != "a" || bits[0].Scope != uint8(limit.ScopeGlobal) {
+		t.Fatalf("a issued %v, want one global bit", bits)
+	}
+	// No more hits: the estimate 5 falls under 5 in the next window once
+	// 5 × (60 − e)/60 ≤ 4, at e = 12 s: 30 s + 12 s from now.
+	if want := at.Add(42 * time.Second).UnixNano(); bits[0].Until != want {
+		t.Fatalf("bit until %v, want %v", time.Unix(0, bits[0].Until), time.Unix(0, want))
+	}
+
+	// b has counted nothing and not heard from a's store, but takes the bit:
+	// it denies at once, without its store.
+	mb.ApplyBits(bits)
+	memB.Delta() // clear
+	if err := b.CheckAt(ctx, at.Add(time.Second), req(1, ip), &res); err != nil || res.Code != OverLimit {
+		t.Fatalf("b with the bit: %v %+v", err, res)
+	}
+	if got := res.Statuses[0].RetryAfter; got != 41*time.Second {
+		t.Fatalf("b's Retry-After %v, want the bit's 41s", got)
+	}
+	if d := memB.Delta(); len(d) != 0 {
+		t.Fatalf("a mitigated check reached b's store: %v", d)
+	}
+	// Pop-scoped limits ignore bits.
+	if err := b.CheckAt(ctx, at, req(1, []string{"local", "1.2.3.4"}), &res); err != nil || res.Code != OK {
+		t.Fatalf("pop-scoped: %v %+v", err, res)
+	}
+	// The bit ends on time: b's own counts are empty, so it admits.
+	if err := b.CheckAt(ctx, at.Add(42*time.Second), req(1, ip), &res); err != nil || res.Code != OK {
+		t.Fatalf("after the bit ended: %v %+v", err, res)
+	}
+	if got := len(mb.Active(at.Add(42 * time.Second).UnixNano())); got != 0 {
+		t.Fatalf("%d bits active after the end", got)
+	}
+}
+
+func TestMitigationBan(t *testing.T) {
+	a, ma, _ := mitigatedPoP(t, "a", 2, 10*time.Minute)
+	ctx := context.Background()
+	var res Result
+	ip := []string{"ip", "5.6.7.8"}
+	for range 3 {
+		a.CheckAt(ctx, t0, req(1, ip), &res)
+	}
+	bits := ma.BitsDelta()
+	if len(bits) != 1 || bits[0].Until != t0.Add(10*time.Minute).UnixNano() {
+		t.Fatalf("bits %v, want a 10m ban", bits)
+	}
+	// Two windows later the counts are gone, but the ban holds.
+	if a.CheckAt(ctx, t0.Add(3*time.Minute), req(1, ip), &res); res.Code != OverLimit {
+		t.Fatal("the ban did not hold")
+	}
+}
+
+func TestMitigationNotForManyHits(t *testing.T) {
+	a, ma, _ := mitigatedPoP(t, "a", 5, 0)
+	var res Result
+	a.CheckAt(context.Background(), t0, req(4, []string{"ip", "9.9.9.9"}), &res)
+	a.CheckAt(context.Background(), t0, req(4, []string{"ip", "9.9.9.9"}), &res)
+	if res.Code != OverLimit {
+		t.Fatal("4 + 4 hits of 5 admitted")
+	}
+	if bits := ma.BitsDelta(); len(bits) != 0 {
+		t.Fatalf("a 4-hit denial with room for 1 issued %v", bits)
+	}
+}
+
+// BenchmarkMitigatedVsUnmitigated compares a check of a key held by a
+// mitigation bit with a check of an unmitigated key, on one PoP with a
+// replicating store: the first never reaches the store.
+func BenchmarkMitigatedVsUnmitigated(b *testing.B) {
+	e, m, _ := mitigatedPoP(b, "a", 1<<40, 0)
+	ctx := context.Background()
+	mitigated := req(1, []string{"ip", "bad"})
+	var res Result
+	_ = e.CheckAt(ctx, t0, mitigated, &res)
+	k := &scratch{}
+	k.keys = e.rules.Load().Domain("api").Match(mitigated.Descriptors[0].Entries)[0].AppendKey(nil, mitigated.Descriptors[0].Entries)
+	m.Issue(k.keys, limit.ScopeGlobal, t0.Add(time.Hour).UnixNano())
+	for _, c := range []struct {
+		name string
+		r    *Request
+	}{{"unmitigated", req(1, []string{"ip", "good"})}, {"mitigated", mitigated}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				var res Result
+				for pb.Next() {
+					_ = e.CheckAt(ctx, t0, c.r, &res)
+				}
+			})
+		})
+	}
+}
