@@ -330,7 +330,7 @@ func (e *Engine) issue(s *scratch, nowNs int64) {
 		if l.Mitigation > 0 {
 			until = nowNs + int64(l.Mitigation)
 		}
-		e.mit.Issue(s.items[i].Key, l.Scope, until)
+		e.mit.Issue(s.items[i].Key, l.Scope, until, nowNs)
 	}
 }
 

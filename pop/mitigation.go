@@ -5,12 +5,20 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/edgelimit/edgelimit/crdt"
 	"github.com/edgelimit/edgelimit/pop/limit"
 )
 
 const mitShards = 64
+
+// DefaultMinMitigation is the shortest bit worth issuing. A bit must reach
+// the other PoPs before it ends to be of use, and it rides the next flush
+// (100 ms) plus the network: a key that is over a per-second limit only
+// until its next slot frees (often a millisecond under steady overload) is
+// left to the counts, which replicate anyway.
+const DefaultMinMitigation = time.Second
 
 // Mitigations is a PoP's table of mitigation bits: limit keys known to be over
 // a region or global limit, which the engine denies at once, without asking
@@ -22,6 +30,10 @@ const mitShards = 64
 // The zero value is not usable; use NewMitigations. Safe for concurrent use:
 // lookups take a shard's read lock.
 type Mitigations struct {
+	// MinDuration is the shortest bit Issue records; set it before use.
+	// NewMitigations sets DefaultMinMitigation.
+	MinDuration time.Duration
+
 	self    string
 	seed    maphash.Seed
 	shards  [mitShards]mitShard
@@ -45,7 +57,7 @@ type mitBit struct {
 
 // NewMitigations returns an empty table for the PoP named self.
 func NewMitigations(self string) *Mitigations {
-	m := &Mitigations{self: self, seed: maphash.MakeSeed()}
+	m := &Mitigations{MinDuration: DefaultMinMitigation, self: self, seed: maphash.MakeSeed()}
 	for i := range m.shards {
 		m.shards[i].m = make(map[string]mitBit)
 	}
@@ -69,10 +81,21 @@ func (m *Mitigations) Until(key []byte, now int64) (int64, bool) {
 	return b.until, true
 }
 
-// Issue records that key is over its limit of scope until the given time, as
-// decided here; it reports whether that extended what the table knew (and so
-// must be published).
-func (m *Mitigations) Issue(key []byte, scope limit.Scope, until int64) bool {
+// Issue records at now that key is over its limit of scope until the given
+// time, as decided here; it reports whether that changed what the table knew
+// (and so must be published). A key that stays over its limit is found over
+// again and again, each time until a little later; re-issuing for every such
+// nudge would flood the other PoPs, so a known bit is only extended when the
+// new end is later by more than an eighth of the time it has left to run.
+//
+// A bit shorter than MinDuration is not issued.
+func (m *Mitigations) Issue(key []byte, scope limit.Scope, until, now int64) bool {
+	if until-now < int64(m.MinDuration) {
+		return false
+	}
+	if old, ok := m.Until(key, now); ok && until-old <= (until-now)/8 {
+		return false
+	}
 	if !m.join(string(key), mitBit{until: until, scope: scope, origin: m.self}) {
 		return false
 	}

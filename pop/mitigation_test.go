@@ -123,7 +123,7 @@ func BenchmarkMitigatedVsUnmitigated(b *testing.B) {
 	_ = e.CheckAt(ctx, t0, mitigated, &res)
 	k := &scratch{}
 	k.keys = e.rules.Load().Domain("api").Match(mitigated.Descriptors[0].Entries)[0].AppendKey(nil, mitigated.Descriptors[0].Entries)
-	m.Issue(k.keys, limit.ScopeGlobal, t0.Add(time.Hour).UnixNano())
+	m.Issue(k.keys, limit.ScopeGlobal, t0.Add(time.Hour).UnixNano(), t0.UnixNano())
 	for _, c := range []struct {
 		name string
 		r    *Request
@@ -137,5 +137,32 @@ func BenchmarkMitigatedVsUnmitigated(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// A key found over its limit again and again is not re-issued for every
+// small extension of its end.
+func TestMitigationExtension(t *testing.T) {
+	m := NewMitigations("a")
+	key := []byte("k")
+	now := t0.UnixNano()
+	sec := int64(time.Second)
+	if !m.Issue(key, limit.ScopeGlobal, now+40*sec, now) {
+		t.Fatal("a new bit was not issued")
+	}
+	if m.Issue(key, limit.ScopeGlobal, now+42*sec, now) {
+		t.Fatal("a 2 s extension of a 40 s bit was re-issued")
+	}
+	if !m.Issue(key, limit.ScopeGlobal, now+50*sec, now) {
+		t.Fatal("a 10 s extension of a 40 s bit was not issued")
+	}
+	if m.Issue(key, limit.ScopeGlobal, now+30*sec, now) {
+		t.Fatal("an earlier end shortened the bit")
+	}
+	if got := len(m.BitsDelta()); got != 2 {
+		t.Fatalf("%d bits to publish, want 2", got)
+	}
+	if m.Issue([]byte("short"), limit.ScopeGlobal, now+int64(time.Millisecond), now) {
+		t.Fatal("a 1 ms bit was issued: it ends before it can reach anyone")
 	}
 }
