@@ -22,8 +22,9 @@ import (
 
 // Subjects and streams.
 //
-// A PoP publishes its delta batches on edgelimit.<region>.delta.<pop> and its
-// snapshots on edgelimit.<region>.snapshot.<pop>. Each region has one stream,
+// A PoP publishes its delta batches on edgelimit.<region>.delta.<pop>, its
+// mitigation bits on edgelimit.<region>.bits.<pop> and its snapshots on
+// edgelimit.<region>.snapshot.<pop>. Each region has one stream,
 // EDGELIMIT_<REGION> (the region upper-cased), that captures
 // edgelimit.<region>.> and sources, from every other region's stream, that
 // region's own subjects (edgelimit.<other>.>; the filter keeps a message from
@@ -38,6 +39,7 @@ const (
 	subjectRoot    = "edgelimit"
 	kindDelta      = "delta"
 	kindSnapshot   = "snapshot"
+	kindBits       = "bits"
 	helloToken     = "_hello"
 	streamPrefix   = "EDGELIMIT_"
 	defaultFlush   = 100 * time.Millisecond
@@ -73,6 +75,12 @@ func SnapshotSubject(region, pop string) string {
 	return subjectRoot + "." + region + "." + kindSnapshot + "." + pop
 }
 
+// BitsSubject returns the subject pop of region publishes its mitigation
+// bits (MitigationBatch messages) on.
+func BitsSubject(region, pop string) string {
+	return subjectRoot + "." + region + "." + kindBits + "." + pop
+}
+
 func helloSubject(region, pop string) string {
 	return subjectRoot + "." + helloToken + "." + region + "." + pop
 }
@@ -96,6 +104,12 @@ type Config struct {
 	// Counts is the PoP's counter store. Its Delta must have persisted what
 	// it returns (see Counts.Delta): wrap the store with the durable layer.
 	Counts Counts
+	// Bits is the PoP's mitigation bit table; nil means the PoP neither
+	// publishes nor applies bits (it still reads and counts bit messages).
+	// Every FlushInterval the Replicator publishes Bits.BitsDelta, and it
+	// passes other PoPs' bits that concern this PoP to Bits.ApplyBits: global
+	// bits from any PoP, region bits from PoPs of this region only.
+	Bits Bits
 
 	// FlushInterval is how often the PoP publishes its delta; default 100 ms.
 	FlushInterval time.Duration
@@ -160,7 +174,21 @@ type Config struct {
 // (anti-entropy). It reads its own region's stream, which holds every
 // region's messages, with an ordered consumer from StartSeq on, and applies
 // every other PoP's batches and snapshots with Counts.Apply; its own messages
-// are skipped. A message that does not decode, fails Validate, needs a newer
+// are skipped.
+//
+// Bits. When Config.Bits is set, every FlushInterval the Replicator also
+// takes Bits.BitsDelta, joins it (latest Until per key and scope) with the
+// bits whose publish failed before, and publishes them as MitigationBatch
+// messages on the PoP's bits subject, every bit stamped with the flush time
+// as issued_unix_nano; a batch that fails or is not acknowledged keeps its
+// bits for the next flush. It keeps every bit it published until it expires,
+// and carries the active ones in each snapshot (as Snapshot messages with
+// bits and no slots), so a PoP that missed a batch, or restarted, learns them
+// within SnapshotInterval, or within a beacon interval of a heal. Received
+// bits, from batches and snapshots alike, are filtered (see applyBits) and
+// joined with Bits.ApplyBits.
+//
+// A message that does not decode, fails Validate, needs a newer
 // schema, names another PoP than its subject, or has an unknown subject is
 // dropped, counted in Stats and logged (at most once a second per reason).
 //
@@ -205,6 +233,8 @@ type Replicator struct {
 	seq          uint64
 	retry        map[cellKey]uint64
 	lastSnapshot time.Time
+	ownBits      crdt.Bits // every own bit published, until it expires
+	retryBits    crdt.Bits // own bits waiting to be published (again)
 
 	snapshotWanted atomic.Bool // a PoP reappeared; publish a snapshot soon
 
@@ -223,6 +253,12 @@ type Replicator struct {
 	skippedOwn, lastSeq                       atomic.Uint64
 	dropped                                   [NumDropReasons]atomic.Uint64
 	lag                                       lagHistogram
+
+	publishedBits, publishedBitBatches, publishedSnapBits atomic.Uint64
+	retryBitsN                                            atomic.Int64
+	appliedBits, appliedSnapBits                          atomic.Uint64
+	droppedBits                                           [NumBitDropReasons]atomic.Uint64
+	bitLag                                                lagHistogram
 }
 
 type cellKey struct {
@@ -491,6 +527,7 @@ func (r *Replicator) loop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			final, cancel := context.WithTimeout(context.Background(), r.cfg.AckTimeout)
+			r.flushBits(final)
 			r.flush(final)
 			cancel()
 			return
@@ -499,6 +536,7 @@ func (r *Replicator) loop(ctx context.Context) {
 				r.snapshotWanted.Store(false)
 				r.publishSnapshot(ctx)
 			}
+			r.flushBits(ctx)
 			r.flush(ctx)
 		case <-snap.C:
 			r.publishSnapshot(ctx)
@@ -592,6 +630,123 @@ func (r *Replicator) flush(ctx context.Context) {
 	r.retrySlots.Store(int64(len(r.retry)))
 }
 
+// flushBits publishes the bits Bits.BitsDelta returns, joined with those
+// whose publish failed before, as MitigationBatch messages stamped with the
+// flush time, and waits for the acknowledgements. Bits of a message that
+// fails or is not acknowledged join the next flush (latest Until wins); bits
+// that expired meanwhile are not sent. Requires the publishing loop's
+// goroutine.
+func (r *Replicator) flushBits(ctx context.Context) {
+	if r.cfg.Bits == nil {
+		return
+	}
+	delta := r.cfg.Bits.BitsDelta()
+	r.ownBits.Join(delta...)
+	r.retryBits.Join(delta...)
+	if r.retryBits.Len() == 0 {
+		return
+	}
+	now := time.Now().UnixNano()
+	r.retryBits.Expire(now)
+	pending := r.retryBits.All()
+	r.retryBits = crdt.Bits{}
+	defer func() { r.retryBitsN.Store(int64(r.retryBits.Len())) }()
+	if len(pending) == 0 {
+		return
+	}
+	chunks, oversized, err := encodeBits(pending, r.cfg.POP, now, r.maxBytes())
+	for _, b := range oversized {
+		r.limit.log(r.log, logPublish, slog.LevelError, "replication: bit too large for a message; not replicated",
+			"key_bytes", len(b.Key), "scope", b.Scope)
+	}
+	if err != nil {
+		r.limit.log(r.log, logPublish, slog.LevelError, "replication: cannot encode mitigation bits", "err", err)
+		r.publishFailures.Add(1)
+		r.retryBits.Join(pending...)
+		return
+	}
+	type sent struct {
+		chunk bitsChunk
+		fut   jetstream.PubAckFuture
+	}
+	inflight := make([]sent, 0, len(chunks))
+	subject := BitsSubject(r.cfg.Region, r.cfg.POP)
+	for i, c := range chunks {
+		fut, err := r.publishAsync(subject, r.seq, c.data)
+		r.seq++
+		if err != nil {
+			r.limit.log(r.log, logPublish, slog.LevelWarn, "replication: publish bits failed; retrying next flush", "err", err)
+			r.publishFailures.Add(1)
+			for _, rest := range chunks[i:] {
+				r.retryBits.Join(rest.bits...)
+			}
+			break
+		}
+		inflight = append(inflight, sent{c, fut})
+	}
+	acks := newAckWaiter(ctx, r.cfg.AckTimeout)
+	defer acks.stop()
+	for _, p := range inflight {
+		if err := acks.wait(p.fut); err != nil {
+			r.limit.log(r.log, logPublish, slog.LevelWarn, "replication: bits not acknowledged; retrying next flush", "err", err)
+			r.publishFailures.Add(1)
+			r.retryBits.Join(p.chunk.bits...)
+			continue
+		}
+		r.publishedBitBatches.Add(1)
+		r.publishedBits.Add(uint64(len(p.chunk.bits)))
+	}
+}
+
+// applyBits joins, with Bits.ApplyBits, the bits that concern this PoP of a
+// message from a PoP of region: global bits from any region, region bits
+// from this region only. Bits of another scope, region bits of another
+// region, bits whose origin is this PoP and bits already expired are not
+// applied but counted in DroppedBits. fromBatch says the bits came in a
+// MitigationBatch, whose issue times feed BitLag. It is a no-op without
+// Config.Bits.
+func (r *Replicator) applyBits(region string, in []wireBit, fromBatch bool) {
+	if r.cfg.Bits == nil || len(in) == 0 {
+		return
+	}
+	now := time.Now().UnixNano()
+	keep := make([]crdt.Bit, 0, len(in))
+	var issued []int64
+	for _, w := range in {
+		reason := BitDropReason(-1)
+		switch {
+		case w.scope != scopeGlobal && w.scope != scopeRegion:
+			reason = BitDropScope
+		case w.scope == scopeRegion && region != r.cfg.Region:
+			reason = BitDropRegion
+		case w.bit.Origin == r.cfg.POP:
+			reason = BitDropOwn
+		case w.bit.Until <= now:
+			reason = BitDropExpired
+		}
+		if reason >= 0 {
+			r.droppedBits[reason].Add(1)
+			continue
+		}
+		keep = append(keep, w.bit)
+		if fromBatch && w.issued > 0 {
+			issued = append(issued, w.issued)
+		}
+	}
+	if len(keep) == 0 {
+		return
+	}
+	r.cfg.Bits.ApplyBits(keep)
+	r.appliedBits.Add(uint64(len(keep)))
+	if !fromBatch {
+		r.appliedSnapBits.Add(uint64(len(keep)))
+	}
+	applied := time.Now()
+	for _, t := range issued {
+		r.bitLag.Record(applied.Sub(time.Unix(0, t)))
+	}
+}
+
 // unsentSlots returns the slots of a flush that were not handed to NATS: all
 // but the oversized ones, minus the first `sent` of those.
 func unsentSlots(slots, oversized []crdt.Slot, sent int) []crdt.Slot {
@@ -670,14 +825,28 @@ func (r *Replicator) mergeRetry(slots []crdt.Slot) []crdt.Slot {
 // repeats it. Requires the publishing loop's goroutine.
 func (r *Replicator) publishSnapshot(ctx context.Context) {
 	r.lastSnapshot = time.Now()
+	now := r.lastSnapshot.UnixNano()
 	own := r.cfg.Counts.Own()
-	if len(own) == 0 {
+	r.ownBits.Expire(now)
+	bits := r.ownBits.Active(now)
+	if len(own) == 0 && len(bits) == 0 {
 		return
 	}
-	msgs, nslots, _, err := encodeSnapshots(own, r.cfg.POP, r.cfg.Region, time.Now().UnixNano(), r.maxBytes())
+	msgs, nslots, _, err := encodeSnapshots(own, r.cfg.POP, r.cfg.Region, now, r.maxBytes())
 	if err != nil {
 		r.limit.log(r.log, logSnapshot, slog.LevelError, "replication: cannot encode snapshot", "err", err)
 		return
+	}
+	nbits := make([]int, len(msgs))
+	if len(bits) > 0 {
+		bmsgs, nb, err := encodeSnapshotBits(bits, r.cfg.POP, r.cfg.Region, now, r.maxBytes())
+		if err != nil {
+			r.limit.log(r.log, logSnapshot, slog.LevelError, "replication: cannot encode snapshot bits", "err", err)
+		} else {
+			msgs = append(msgs, bmsgs...)
+			nslots = append(nslots, make([]int, len(bmsgs))...)
+			nbits = append(nbits, nb...)
+		}
 	}
 	futs := make([]jetstream.PubAckFuture, 0, len(msgs))
 	for _, data := range msgs {
@@ -700,6 +869,7 @@ func (r *Replicator) publishSnapshot(ctx context.Context) {
 		}
 		r.publishedSnaps.Add(1)
 		r.publishedSnapSlots.Add(uint64(nslots[i]))
+		r.publishedSnapBits.Add(uint64(nbits[i]))
 	}
 }
 
@@ -786,10 +956,15 @@ func (r *Replicator) watchSources(ctx context.Context) {
 	if len(others) == 0 {
 		return
 	}
-	direct := make(map[string]*nats.Subscription)
-	defer func() {
-		for _, sub := range direct {
+	direct := make(map[string][]*nats.Subscription)
+	unsubscribe := func(subs []*nats.Subscription) {
+		for _, sub := range subs {
 			_ = sub.Unsubscribe()
+		}
+	}
+	defer func() {
+		for _, subs := range direct {
+			unsubscribe(subs)
 		}
 	}()
 	tick := time.NewTicker(sourceCheck)
@@ -811,19 +986,29 @@ func (r *Replicator) watchSources(ctx context.Context) {
 			healthy[si.Name] = si.Error == nil && si.Active >= 0 && si.Active < sourceStale
 		}
 		for _, region := range others {
-			sub := direct[region]
+			subs := direct[region]
 			switch ok := healthy[StreamName(region)]; {
-			case !ok && sub == nil:
+			case !ok && subs == nil:
 				sub, err := r.cfg.Conn.Subscribe(subjectRoot+"."+region+"."+kindDelta+".*", r.onDirectDelta)
 				if err != nil {
 					r.limit.log(r.log, logSetup, slog.LevelWarn, "replication: cannot subscribe to a region's batches", "from_region", region, "err", err)
 					continue
 				}
 				_ = sub.SetPendingLimits(-1, 64<<20)
-				direct[region] = sub
+				subs = []*nats.Subscription{sub}
+				if r.cfg.Bits != nil {
+					bsub, err := r.cfg.Conn.Subscribe(subjectRoot+"."+region+"."+kindBits+".*", r.onDirectBits)
+					if err != nil {
+						unsubscribe(subs)
+						r.limit.log(r.log, logSetup, slog.LevelWarn, "replication: cannot subscribe to a region's bits", "from_region", region, "err", err)
+						continue
+					}
+					subs = append(subs, bsub)
+				}
+				direct[region] = subs
 				r.log.Info("replication: stream sourcing from region stalled; taking its batches directly", "from_region", region)
-			case ok && sub != nil:
-				_ = sub.Unsubscribe()
+			case ok && subs != nil:
+				unsubscribe(subs)
 				delete(direct, region)
 				r.log.Info("replication: stream sourcing from region resumed", "from_region", region)
 			}
@@ -850,6 +1035,22 @@ func (r *Replicator) onDirectDelta(m *nats.Msg) {
 	r.lag.Record(time.Since(time.Unix(0, sent)))
 }
 
+// onDirectBits applies the bits of a MitigationBatch of another region taken
+// straight off its subject while stream sourcing from that region is
+// stalled. Messages it cannot decode are left to the stream path, which drops
+// and counts them.
+func (r *Replicator) onDirectBits(m *nats.Msg) {
+	region, kind, pop, ok := parseSubject(m.Subject)
+	if !ok || kind != kindBits || region == r.cfg.Region || pop == r.cfg.POP {
+		return
+	}
+	bits, err := decodeBits(m.Data, region, pop)
+	if err != nil {
+		return
+	}
+	r.applyBits(region, bits, true)
+}
+
 // onDirectSnapshot applies a snapshot of another region straight off its
 // subject, without waiting for the stream to source it. Messages of this
 // region, and any it cannot apply, are left to the stream path, which applies
@@ -859,11 +1060,14 @@ func (r *Replicator) onDirectSnapshot(m *nats.Msg) {
 	if !ok || kind != kindSnapshot || region == r.cfg.Region || pop == r.cfg.POP {
 		return
 	}
-	slots, err := decodeSnapshot(m.Data, region, pop, r.cfg.POP)
+	slots, bits, err := decodeSnapshotBits(m.Data, region, pop, r.cfg.POP)
 	if err != nil {
 		return
 	}
-	r.cfg.Counts.Apply(slots)
+	if len(slots) > 0 {
+		r.cfg.Counts.Apply(slots)
+	}
+	r.applyBits(region, bits, false)
 	r.appliedSnaps.Add(1)
 	r.appliedSnapSlots.Add(uint64(len(slots)))
 	r.direct.Add(1)
@@ -898,7 +1102,7 @@ func (r *Replicator) onStreamMsg(m jetstream.Msg) {
 // receive applies, skips or drops one stream message.
 func (r *Replicator) receive(subject string, data []byte) {
 	region, kind, pop, ok := parseSubject(subject)
-	if !ok || (kind != kindDelta && kind != kindSnapshot) {
+	if !ok || (kind != kindDelta && kind != kindSnapshot && kind != kindBits) {
 		r.drop(&decodeError{DropSubject, fmt.Errorf("unknown subject %q", subject)}, subject)
 		return
 	}
@@ -918,14 +1122,24 @@ func (r *Replicator) receive(subject string, data []byte) {
 		r.appliedSlots.Add(uint64(len(slots)))
 		r.lag.Record(time.Since(time.Unix(0, sent)))
 	case kindSnapshot:
-		slots, err := decodeSnapshot(data, region, pop, r.cfg.POP)
+		slots, bits, err := decodeSnapshotBits(data, region, pop, r.cfg.POP)
 		if err != nil {
 			r.drop(err, subject)
 			return
 		}
-		r.cfg.Counts.Apply(slots)
+		if len(slots) > 0 {
+			r.cfg.Counts.Apply(slots)
+		}
+		r.applyBits(region, bits, false)
 		r.appliedSnaps.Add(1)
 		r.appliedSnapSlots.Add(uint64(len(slots)))
+	case kindBits:
+		bits, err := decodeBits(data, region, pop)
+		if err != nil {
+			r.drop(err, subject)
+			return
+		}
+		r.applyBits(region, bits, true)
 	}
 }
 
@@ -966,9 +1180,19 @@ func (r *Replicator) Stats() Stats {
 		SkippedOwn:             r.skippedOwn.Load(),
 		LastAppliedSeq:         r.lastSeq.Load(),
 		Lag:                    r.lag.Stats(),
+		PublishedBits:          r.publishedBits.Load(),
+		PublishedBitBatches:    r.publishedBitBatches.Load(),
+		PublishedSnapshotBits:  r.publishedSnapBits.Load(),
+		RetryBits:              int(r.retryBitsN.Load()),
+		AppliedBits:            r.appliedBits.Load(),
+		AppliedSnapshotBits:    r.appliedSnapBits.Load(),
+		BitLag:                 r.bitLag.Stats(),
 	}
 	for i := range s.Dropped {
 		s.Dropped[i] = r.dropped[i].Load()
+	}
+	for i := range s.DroppedBits {
+		s.DroppedBits[i] = r.droppedBits[i].Load()
 	}
 	return s
 }

@@ -516,17 +516,26 @@ func (b *rawBatch) validate() error {
 // decodeSnapshot decodes and validates a Snapshot sent on the subject of
 // (region, pop), and returns its slots except those of replica skip.
 func decodeSnapshot(data []byte, region, pop, skip string) ([]crdt.Slot, error) {
+	slots, _, err := decodeSnapshotBits(data, region, pop, skip)
+	return slots, err
+}
+
+// decodeSnapshotBits is decodeSnapshot that also returns the snapshot's
+// mitigation bits, unfiltered (the caller filters them by scope, origin and
+// time; see Replicator.applyBits).
+func decodeSnapshotBits(data []byte, region, pop, skip string) ([]crdt.Slot, []wireBit, error) {
 	var s edgelimitpb.Snapshot
 	if err := proto.Unmarshal(data, &s); err != nil {
-		return nil, &decodeError{DropDecode, fmt.Errorf("snapshot from %s/%s: %w", region, pop, err)}
+		return nil, nil, &decodeError{DropDecode, fmt.Errorf("snapshot from %s/%s: %w", region, pop, err)}
 	}
 	if err := s.Validate(); err != nil {
-		return nil, &decodeError{validationReason(err), err}
+		return nil, nil, &decodeError{validationReason(err), err}
 	}
 	if s.GetReplica() != pop || s.GetRegion() != region {
-		return nil, &decodeError{DropMismatch, fmt.Errorf("snapshot names %s/%s but came on the subject of %s/%s",
+		return nil, nil, &decodeError{DropMismatch, fmt.Errorf("snapshot names %s/%s but came on the subject of %s/%s",
 			s.GetRegion(), s.GetReplica(), region, pop)}
 	}
+	bits := fromWireBits(s.GetBits(), pop)
 	var slots []crdt.Slot
 	for _, rs := range s.GetReplicas() {
 		replica := rs.GetReplica()
@@ -537,5 +546,143 @@ func decodeSnapshot(data []byte, region, pop, skip string) ([]crdt.Slot, error) 
 			slots = append(slots, crdt.Slot{Key: string(sl.GetKey()), Window: sl.GetWindow(), Replica: replica, Count: sl.GetCount()})
 		}
 	}
-	return slots, nil
+	return slots, bits, nil
+}
+
+// wireBit is a received mitigation bit with its wire-only fields: the scope
+// as sent (it may not fit crdt.Bit.Scope) and the origin's issue time.
+type wireBit struct {
+	bit    crdt.Bit
+	scope  uint32
+	issued int64 // unix nanoseconds; 0 when the sender did not say
+}
+
+// fromWireBits converts decoded MitigationBits, which Validate has checked
+// are not nil; a bit that names no origin is taken to be the sender's.
+func fromWireBits(in []*edgelimitpb.MitigationBit, sender string) []wireBit {
+	if len(in) == 0 {
+		return nil
+	}
+	out := make([]wireBit, 0, len(in))
+	for _, b := range in {
+		origin := b.GetOrigin()
+		if origin == "" {
+			origin = sender
+		}
+		out = append(out, wireBit{
+			bit:    crdt.Bit{Key: string(b.GetKey()), Scope: uint8(min(b.GetScope(), 255)), Until: b.GetUntilUnixNano(), Origin: origin},
+			scope:  b.GetScope(),
+			issued: b.GetIssuedUnixNano(),
+		})
+	}
+	return out
+}
+
+// toWireBit converts an own bit for publishing, stamped with issued.
+func toWireBit(b crdt.Bit, issued int64) *edgelimitpb.MitigationBit {
+	return &edgelimitpb.MitigationBit{Key: []byte(b.Key), Scope: uint32(b.Scope), UntilUnixNano: b.Until, Origin: b.Origin, IssuedUnixNano: issued}
+}
+
+// wireBitSize is the bytes one bit takes in a MitigationBatch or Snapshot,
+// as an embedded message with its tag and length.
+func wireBitSize(m *edgelimitpb.MitigationBit) int {
+	n := proto.Size(m)
+	return 1 + protowire.SizeVarint(uint64(n)) + n
+}
+
+// bitsChunk is one encoded MitigationBatch and the bits it carries.
+type bitsChunk struct {
+	data []byte
+	bits []crdt.Bit
+}
+
+// encodeBits encodes bits as MitigationBatch messages of replica of at most
+// maxBytes each, every bit stamped issued_unix_nano = issued. Bits too large
+// to fit any message (a key near maxBytes) are left out and returned.
+func encodeBits(bits []crdt.Bit, replica string, issued int64, maxBytes int) (chunks []bitsChunk, oversized []crdt.Bit, err error) {
+	budget := maxBytes - msgOverhead - len(replica)
+	if budget <= 0 {
+		return nil, nil, fmt.Errorf("replication: message size limit %d leaves no room for bits", maxBytes)
+	}
+	var (
+		batch *edgelimitpb.MitigationBatch
+		in    []crdt.Bit
+		size  int
+	)
+	finish := func() error {
+		data, err := proto.Marshal(batch)
+		if err != nil {
+			return fmt.Errorf("replication: encode mitigation batch of %q: %w", replica, err)
+		}
+		chunks = append(chunks, bitsChunk{data: data, bits: in})
+		batch, in = nil, nil
+		return nil
+	}
+	for _, b := range bits {
+		m := toWireBit(b, issued)
+		n := wireBitSize(m)
+		if n > budget {
+			oversized = append(oversized, b)
+			continue
+		}
+		if batch != nil && size+n > budget {
+			if err := finish(); err != nil {
+				return nil, nil, err
+			}
+		}
+		if batch == nil {
+			batch = &edgelimitpb.MitigationBatch{Replica: replica}
+			size = 0
+		}
+		batch.Bits = append(batch.Bits, m)
+		in = append(in, b)
+		size += n
+	}
+	if batch != nil {
+		if err := finish(); err != nil {
+			return nil, nil, err
+		}
+	}
+	return chunks, oversized, nil
+}
+
+// encodeSnapshotBits encodes bits as Snapshot messages of replica that carry
+// only bits (no slots), of at most maxBytes each, stamped with issued; bits
+// that cannot fit any message are left out. It returns the messages and how
+// many bits each carries.
+func encodeSnapshotBits(bits []crdt.Bit, replica, region string, issued int64, maxBytes int) (msgs [][]byte, nbits []int, err error) {
+	chunks, _, err := encodeBits(bits, replica, issued, maxBytes-msgOverhead-len(region))
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, c := range chunks {
+		s := &edgelimitpb.Snapshot{Replica: replica, Region: region, TakenUnixNano: issued}
+		for _, b := range c.bits {
+			s.Bits = append(s.Bits, toWireBit(b, issued))
+		}
+		data, err := proto.Marshal(s)
+		if err != nil {
+			return nil, nil, fmt.Errorf("replication: encode snapshot bits of %q: %w", replica, err)
+		}
+		msgs = append(msgs, data)
+		nbits = append(nbits, len(c.bits))
+	}
+	return msgs, nbits, nil
+}
+
+// decodeBits decodes and validates a MitigationBatch sent on the subject of
+// (region, pop) and returns its bits, unfiltered.
+func decodeBits(data []byte, region, pop string) ([]wireBit, error) {
+	var b edgelimitpb.MitigationBatch
+	if err := proto.Unmarshal(data, &b); err != nil {
+		return nil, &decodeError{DropDecode, fmt.Errorf("mitigation batch from %s/%s: %w", region, pop, err)}
+	}
+	if err := b.Validate(); err != nil {
+		return nil, &decodeError{validationReason(err), err}
+	}
+	if b.GetReplica() != pop {
+		return nil, &decodeError{DropMismatch, fmt.Errorf("mitigation batch names %s but came on the subject of %s/%s",
+			b.GetReplica(), region, pop)}
+	}
+	return fromWireBits(b.GetBits(), pop), nil
 }

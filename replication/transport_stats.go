@@ -24,7 +24,7 @@ const (
 	// lose counts, so it waits for anti-entropy after an upgrade.
 	DropRevision
 	// DropSubject: the subject is under edgelimit.<region>. but is not one
-	// this reader knows (edgelimit.<region>.delta|snapshot.<pop>).
+	// this reader knows (edgelimit.<region>.delta|snapshot|bits.<pop>).
 	DropSubject
 	// DropMismatch: the message names another replica or region than its
 	// subject does.
@@ -50,6 +50,52 @@ func (d DropReason) String() string {
 		return "mismatch"
 	}
 	return fmt.Sprintf("DropReason(%d)", int(d))
+}
+
+// BitDropReason says why a received mitigation bit was not applied. It
+// counts single bits of messages that were themselves valid; a message that
+// does not decode or validate is counted once under its DropReason.
+type BitDropReason int
+
+const (
+	// BitDropScope: the bit's scope is neither region (1) nor global (2);
+	// the PoP scope (0) is never replicated and others are unknown.
+	BitDropScope BitDropReason = iota
+	// BitDropRegion: a region-scope bit from a PoP of another region; it
+	// limits that region only.
+	BitDropRegion
+	// BitDropExpired: the bit's Until had already passed on arrival (by this
+	// PoP's clock).
+	BitDropExpired
+	// BitDropOwn: the bit's origin is this PoP (relayed back by another);
+	// this PoP's own table already holds it.
+	BitDropOwn
+
+	// NumBitDropReasons is the number of bit drop reasons, for arrays
+	// indexed by BitDropReason.
+	NumBitDropReasons = iota
+)
+
+// Scope values of crdt.Bit.Scope that replication carries (as
+// limit.ScopeRegion and limit.ScopeGlobal).
+const (
+	scopeRegion = 1
+	scopeGlobal = 2
+)
+
+// String returns the reason's metric label.
+func (d BitDropReason) String() string {
+	switch d {
+	case BitDropScope:
+		return "scope"
+	case BitDropRegion:
+		return "other_region"
+	case BitDropExpired:
+		return "expired"
+	case BitDropOwn:
+		return "own"
+	}
+	return fmt.Sprintf("BitDropReason(%d)", int(d))
 }
 
 // Stats is a point-in-time copy of a Replicator's counters. Counters only
@@ -94,6 +140,29 @@ type Stats struct {
 	// LastAppliedSeq is the stream sequence of the last stream message
 	// handled (applied, skipped or dropped), as passed to OnApplied.
 	LastAppliedSeq uint64
+
+	// PublishedBits counts the mitigation bits in MitigationBatch messages
+	// JetStream acknowledged (a bit retried after a failure counts once per
+	// acknowledged publish). PublishedBitBatches counts those messages.
+	PublishedBits, PublishedBitBatches uint64
+	// PublishedSnapshotBits counts the own active bits carried by
+	// acknowledged snapshot messages.
+	PublishedSnapshotBits uint64
+	// RetryBits is how many bits wait to be published again.
+	RetryBits int
+	// AppliedBits counts other PoPs' bits passed to Bits.ApplyBits, from
+	// batches (stream or direct) and snapshots; a bit that arrives both
+	// from the stream and directly counts twice (the join absorbs it).
+	// AppliedSnapshotBits is the part of it that came in snapshots.
+	AppliedBits, AppliedSnapshotBits uint64
+	// DroppedBits counts received bits not applied, by reason.
+	DroppedBits [NumBitDropReasons]uint64
+	// BitLag is the propagation delay of bits applied from batches: the
+	// receiver's clock when it applied a bit minus the origin's clock at the
+	// flush that published it (issued_unix_nano). It includes neither the
+	// wait for the flush nor snapshot bits (whose issue time is the
+	// snapshot's).
+	BitLag LagStats
 
 	// Lag is the distribution of replication lag of applied delta batches
 	// (from the stream or directly):

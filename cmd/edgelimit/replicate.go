@@ -169,7 +169,7 @@ func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog
 		}
 		cleanup = append(cleanup, nc.Close)
 		r, err := replication.New(replication.Config{
-			Region: f.region, POP: f.pop, Topology: t, Conn: nc, Counts: counts,
+			Region: f.region, POP: f.pop, Topology: t, Conn: nc, Counts: counts, Bits: bits,
 			FlushInterval: f.flush, StartSeq: seq, OnApplied: counts.Applied,
 			Domains: domains(t), Logger: log.With("component", "replication"),
 		})
@@ -204,9 +204,12 @@ var (
 		{"edgelimit_replication_applied_slots_total", "Slots of other PoPs applied from delta batches.", func(s replication.Stats) uint64 { return s.AppliedSlots }},
 		{"edgelimit_replication_applied_snapshots_total", "Other PoPs' snapshot messages applied (anti-entropy).", func(s replication.Stats) uint64 { return s.AppliedSnapshots }},
 		{"edgelimit_replication_direct_batches_total", "Other regions' batches taken off core NATS while stream sourcing was stalled.", func(s replication.Stats) uint64 { return s.DirectBatches }},
+		{"edgelimit_mitigation_bits_published_total", "Mitigation bits JetStream acknowledged.", func(s replication.Stats) uint64 { return s.PublishedBits }},
+		{"edgelimit_mitigation_bits_applied_total", "Other PoPs' mitigation bits applied from batches.", func(s replication.Stats) uint64 { return s.AppliedBits }},
 	}
 	replDropped = prometheus.NewDesc("edgelimit_replication_dropped_messages_total", "Stream messages dropped as corrupt or unknown, by reason.", []string{"reason"}, nil)
 	replLag     = prometheus.NewDesc("edgelimit_replication_lag_seconds", "Replication lag of applied delta batches (sender's build to receiver's apply), by quantile.", []string{"quantile"}, nil)
+	bitLag      = prometheus.NewDesc("edgelimit_mitigation_propagation_seconds", "Mitigation bit propagation delay (issued at another PoP to applied here), by quantile.", []string{"quantile"}, nil)
 	replStalled = prometheus.NewDesc("edgelimit_replication_stalled_sources", "Other regions whose stream source is stalled.", nil, nil)
 )
 
@@ -225,4 +228,6 @@ func (c replicationCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(replLag, prometheus.GaugeValue, s.Lag.P50.Seconds(), "0.5")
 	ch <- prometheus.MustNewConstMetric(replLag, prometheus.GaugeValue, s.Lag.P99.Seconds(), "0.99")
 	ch <- prometheus.MustNewConstMetric(replStalled, prometheus.GaugeValue, float64(s.StalledSources))
+	ch <- prometheus.MustNewConstMetric(bitLag, prometheus.GaugeValue, s.BitLag.P50.Seconds(), "0.5")
+	ch <- prometheus.MustNewConstMetric(bitLag, prometheus.GaugeValue, s.BitLag.P99.Seconds(), "0.99")
 }
