@@ -23,8 +23,13 @@ type Strategy uint8
 const (
 	// Edgelimit is edgelimit as built: a global-scope limit in every PoP's
 	// embedded store, CRDT deltas flushed every FlushInterval through the
-	// simulated network and joined by the other PoPs.
+	// simulated network and joined by the other PoPs, and mitigation bits:
+	// a PoP that finds the key over the limit issues a bit, sent with its
+	// next flush, and every PoP that holds it denies without counting until
+	// the bit ends.
 	Edgelimit Strategy = iota
+	// AsyncSync is Edgelimit without mitigation bits: CRDT deltas only.
+	AsyncSync
 	// LocalOnly lets each PoP enforce the whole limit on its own traffic.
 	LocalOnly
 	// StaticSplit gives each of the N PoPs limit/N (the remainder to the first
@@ -36,9 +41,9 @@ const (
 )
 
 // Strategies lists every strategy in report order.
-var Strategies = []Strategy{Edgelimit, LocalOnly, StaticSplit, Centralized}
+var Strategies = []Strategy{Edgelimit, AsyncSync, LocalOnly, StaticSplit, Centralized}
 
-var strategyNames = [...]string{"edgelimit", "local-only", "static-split", "centralized"}
+var strategyNames = [...]string{"edgelimit", "async-sync", "local-only", "static-split", "centralized"}
 
 func (s Strategy) String() string {
 	if int(s) < len(strategyNames) {
@@ -137,6 +142,7 @@ func (t *topology) healAt(a, b int, now int64) int64 {
 type message struct {
 	from  int
 	slots []crdt.Slot
+	bits  []crdt.Bit
 }
 
 // run is one strategy's simulation of a scenario.
@@ -149,6 +155,7 @@ type run struct {
 
 	engines []*pop.Engine // per PoP; all the same engine when centralized
 	stores  []*store.Memory
+	mits    []*pop.Mitigations // per PoP, Edgelimit only
 	oracle  *oracle
 
 	req pop.Request
@@ -222,9 +229,16 @@ func runStrategy(sc *Scenario, top *topology, st Strategy) (Result, error) {
 	for i := range n {
 		var err error
 		switch st {
-		case Edgelimit:
+		case Edgelimit, AsyncSync:
 			r.engines[i], r.stores[i], err = newEngine(spec.Limit, rules.ScopeGlobal,
 				store.MemoryConfig{MaxKeys: 1024, Replica: top.pops[i], RegionPeers: top.peers[i]})
+			if st == Edgelimit && err == nil {
+				if r.mits == nil {
+					r.mits = make([]*pop.Mitigations, n)
+				}
+				r.mits[i] = pop.NewMitigations(top.pops[i])
+				r.engines[i].UseMitigations(r.mits[i])
+			}
 		case LocalOnly:
 			r.engines[i], r.stores[i], err = newEngine(spec.Limit, rules.ScopePOP, store.MemoryConfig{MaxKeys: 1024})
 		case StaticSplit:
@@ -251,7 +265,7 @@ func runStrategy(sc *Scenario, top *topology, st Strategy) (Result, error) {
 	for i := range sc.Sources {
 		r.scheduleArrival(i, int64(sc.Sources[i].Start))
 	}
-	if st == Edgelimit {
+	if st == Edgelimit || st == AsyncSync {
 		r.lastSweep = make([]int64, n)
 		for i := range n {
 			r.q.schedule(event{at: r.q.rand.Int64N(int64(sc.FlushInterval)), kind: evFlush, idx: i})
@@ -270,17 +284,24 @@ func runStrategy(sc *Scenario, top *topology, st Strategy) (Result, error) {
 				return Result{}, err
 			}
 		case evFlush:
-			r.publish(e.idx, r.stores[e.idx].Delta())
+			var bits []crdt.Bit
+			if r.mits != nil {
+				bits = r.mits[e.idx].BitsDelta()
+			}
+			r.publish(e.idx, r.stores[e.idx].Delta(), bits)
 			if now := r.q.now; now-r.lastSweep[e.idx] >= r.window {
 				r.stores[e.idx].SweepAt(Epoch.UnixNano() + now)
 				r.lastSweep[e.idx] = now
 			}
 			r.q.schedule(event{at: r.q.now + int64(sc.FlushInterval), kind: evFlush, idx: e.idx})
 		case evSnapshot:
-			r.publish(e.idx, r.stores[e.idx].Own())
+			r.publish(e.idx, r.stores[e.idx].Own(), nil)
 			r.q.schedule(event{at: r.q.now + int64(sc.SnapshotInterval), kind: evSnapshot, idx: e.idx})
 		case evDeliver:
 			r.stores[e.idx].Apply(e.msg.slots)
+			if len(e.msg.bits) > 0 {
+				r.mits[e.idx].ApplyBits(e.msg.bits)
+			}
 		}
 	}
 	r.oracle.finish(r.duration)
@@ -336,13 +357,16 @@ func (r *run) arrive(ctx context.Context, i int) error {
 // across a cut link until it heals, lost with probability Loss and
 // duplicated with probability Duplicate. Every copy handed to the network
 // counts as a message on the wire, sized as the DeltaBatch that carries it.
-func (r *run) publish(p int, slots []crdt.Slot) {
-	if len(slots) == 0 {
+func (r *run) publish(p int, slots []crdt.Slot, bits []crdt.Bit) {
+	if len(slots) == 0 && len(bits) == 0 {
 		return
 	}
 	r.seq++
 	size := int64(wireSize(r.top.pops[p], r.top.regions[r.top.region[p]], r.seq, Epoch.UnixNano()+r.q.now, slots))
-	msg := &message{from: p, slots: slots}
+	if len(bits) > 0 {
+		size += int64(bitsSize(r.top.pops[p], bits))
+	}
+	msg := &message{from: p, slots: slots, bits: bits}
 	for j := range r.top.pops {
 		if j == p {
 			continue
@@ -378,6 +402,15 @@ func wireSize(replica, region string, seq uint64, sent int64, slots []crdt.Slot)
 	b := &edgelimitpb.DeltaBatch{Replica: replica, Region: region, Seq: seq, SentUnixNano: sent}
 	for _, s := range slots {
 		b.Add([]byte(s.Key), s.Window, s.Count)
+	}
+	return proto.Size(b)
+}
+
+// bitsSize is the encoded size of the MitigationBatch carrying bits.
+func bitsSize(replica string, bits []crdt.Bit) int {
+	b := &edgelimitpb.MitigationBatch{Replica: replica}
+	for _, x := range bits {
+		b.Bits = append(b.Bits, &edgelimitpb.MitigationBit{Key: []byte(x.Key), Scope: uint32(x.Scope), UntilUnixNano: x.Until, Origin: x.Origin})
 	}
 	return proto.Size(b)
 }
