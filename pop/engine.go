@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -147,8 +148,29 @@ type Engine struct {
 	store   Store
 	rules   atomic.Pointer[rules.Set]
 	metrics *Metrics
-	mit     *Mitigations // nil: no mitigation bits
+	mit     *Mitigations  // nil: no mitigation bits
+	share   atomic.Uint64 // math.Float64bits of the global share; 0 bits = 1.0
 	scratch sync.Pool
+}
+
+// SetGlobalShare scales every global-scope limit by share (0 < share ≤ 1):
+// while this PoP's region is cut off from others, it enforces only its part
+// of a global limit, so that no side of a partition can spend the whole
+// budget alone. 1 restores the full limits.
+func (e *Engine) SetGlobalShare(share float64) {
+	if share <= 0 || share >= 1 {
+		e.share.Store(0)
+		return
+	}
+	e.share.Store(math.Float64bits(share))
+}
+
+// GlobalShare returns the share set by SetGlobalShare (1 when none).
+func (e *Engine) GlobalShare() float64 {
+	if b := e.share.Load(); b != 0 {
+		return math.Float64frombits(b)
+	}
+	return 1
 }
 
 // UseMitigations makes the engine consult and issue mitigation bits in m:
@@ -249,8 +271,13 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 	if n == 0 {
 		return nil
 	}
+	share := e.share.Load()
 	for i, l := range s.limits {
-		s.items = append(s.items, limit.Item{Key: s.key(i), Spec: l.Spec, Shadow: l.Shadow, FailClosed: l.FailClosed, Scope: l.Scope})
+		it := limit.Item{Key: s.key(i), Spec: l.Spec, Shadow: l.Shadow, FailClosed: l.FailClosed, Scope: l.Scope}
+		if share != 0 && l.Scope == limit.ScopeGlobal {
+			it.Spec.Limit = int64(float64(it.Spec.Limit) * math.Float64frombits(share))
+		}
+		s.items = append(s.items, it)
 	}
 	if cap(s.out) < n {
 		s.out = make([]limit.Decision, n)
@@ -277,7 +304,10 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 	admitted := limit.Admit(s.items, s.out)
 	if !admitted {
 		res.Code = OverLimit
-		if e.mit != nil && hits == 1 {
+		// No bits while the region is cut off: a key over its reduced share
+		// is not over the limit once the link heals, and a bit would outlive
+		// the partition everywhere it travels.
+		if e.mit != nil && hits == 1 && share == 0 {
 			e.issue(s, nowNs)
 		}
 	}

@@ -166,3 +166,34 @@ func TestMitigationExtension(t *testing.T) {
 		t.Fatal("a 1 ms bit was issued: it ends before it can reach anyone")
 	}
 }
+
+// While the region is cut off, a global limit is enforced at its share; pop
+// limits are untouched; 1 restores the full limit.
+func TestGlobalShare(t *testing.T) {
+	e, _, _ := mitigatedPoP(t, "a", 10, 0)
+	ctx := context.Background()
+	var res Result
+	e.SetGlobalShare(0.5)
+	admitted := 0
+	for range 10 {
+		if e.CheckAt(ctx, t0, req(1, []string{"ip", "x"}), &res); res.Code == OK {
+			admitted++
+		}
+	}
+	if admitted != 5 || res.Statuses[0].Limit.Spec.Limit != 10 {
+		t.Fatalf("admitted %d at share 0.5 of 10", admitted)
+	}
+	local := 0
+	for range 10 {
+		if e.CheckAt(ctx, t0, req(1, []string{"local", "x"}), &res); res.Code == OK {
+			local++
+		}
+	}
+	if local != 10 {
+		t.Fatalf("a pop-scoped limit admitted %d of 10 at share 0.5", local)
+	}
+	e.SetGlobalShare(1)
+	if e.CheckAt(ctx, t0, req(1, []string{"ip", "x"}), &res); res.Code != OK || e.GlobalShare() != 1 {
+		t.Fatal("share 1 did not restore the full limit")
+	}
+}

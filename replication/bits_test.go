@@ -204,9 +204,23 @@ func TestBitsPartition(t *testing.T) {
 			t.Fatalf("%s got the bit during the cut: the link was not cut", p.name)
 		}
 	}
+	// Each side knows the other is cut off (no beacons for over 800 ms),
+	// and its own region's PoPs are still heard.
+	if got := fra.rep.Unreachable(time.Now(), 800*time.Millisecond); len(got) != 1 || got[0] != "us" {
+		t.Fatalf("fra1 during the cut: unreachable %v, want [us]", got)
+	}
+	if got := iad.rep.Unreachable(time.Now(), 800*time.Millisecond); len(got) != 1 || got[0] != "eu" {
+		t.Fatalf("iad1 during the cut: unreachable %v, want [eu]", got)
+	}
 	healAt := time.Now()
 	c.Heal()
 	took := waitBit(t, 2*time.Second, bit, iad, sfo)
+	for deadline := time.Now().Add(3 * time.Second); len(fra.rep.Unreachable(time.Now(), 800*time.Millisecond)) > 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("fra1 still finds %v unreachable 3 s after the heal", fra.rep.Unreachable(time.Now(), 800*time.Millisecond))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	t.Logf("bit across regions %v after the heal (cut lasted %v)", took, healAt.Sub(cutAt))
 	for _, p := range []*bitPoP{iad, sfo} {
 		st := p.rep.Stats()

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -240,7 +241,9 @@ type Replicator struct {
 
 	helloSeq uint64 // the last beacon number sent; owned by the publishing loop
 	heardMu  sync.Mutex
-	heard    map[string]uint64 // PoP -> number of its last beacon
+	heard    map[string]uint64    // PoP -> number of its last beacon
+	heardAt  map[string]time.Time // region -> when a beacon of one of its PoPs last arrived
+	started  time.Time
 
 	published, publishedSlots, publishedBytes atomic.Uint64
 	publishedSnaps, publishedSnapSlots        atomic.Uint64
@@ -332,14 +335,16 @@ func New(cfg Config) (*Replicator, error) {
 		return nil, fmt.Errorf("replication: JetStream context: %w", err)
 	}
 	return &Replicator{
-		cfg:    cfg,
-		log:    log.With("region", cfg.Region, "pop", cfg.POP),
-		js:     js,
-		stream: StreamName(cfg.Region),
-		limit:  logLimiter{interval: time.Second},
-		seq:    uint64(time.Now().UnixNano()),
-		heard:  make(map[string]uint64),
-		ready:  make(chan struct{}),
+		cfg:     cfg,
+		log:     log.With("region", cfg.Region, "pop", cfg.POP),
+		js:      js,
+		stream:  StreamName(cfg.Region),
+		limit:   logLimiter{interval: time.Second},
+		seq:     uint64(time.Now().UnixNano()),
+		heard:   make(map[string]uint64),
+		heardAt: make(map[string]time.Time),
+		started: time.Now(),
+		ready:   make(chan struct{}),
 	}, nil
 }
 
@@ -930,12 +935,38 @@ func (r *Replicator) onHello(m *nats.Msg) {
 	r.heardMu.Lock()
 	last, known := r.heard[pop]
 	r.heard[pop] = seq
+	r.heardAt[tok[2]] = time.Now()
 	r.heardMu.Unlock()
 	if !known || seq != last+1 {
 		r.log.Debug("replication: PoP new or beacons missed; will publish a snapshot",
 			"from_region", tok[2], "from_pop", pop, "missed", seq-last-1)
 		r.snapshotWanted.Store(true)
 	}
+}
+
+// Unreachable returns the other regions of the topology from which no
+// presence beacon arrived within the last `within` (use a few HelloIntervals):
+// the link to them is cut, or all their PoPs are down. A region not heard
+// since the Replicator started counts as unreachable only once `within` has
+// passed since then. Safe for concurrent use.
+func (r *Replicator) Unreachable(now time.Time, within time.Duration) []string {
+	r.heardMu.Lock()
+	defer r.heardMu.Unlock()
+	var out []string
+	for region := range r.cfg.Topology.Regions {
+		if region == r.cfg.Region {
+			continue
+		}
+		last, ok := r.heardAt[region]
+		if !ok {
+			last = r.started
+		}
+		if now.Sub(last) > within {
+			out = append(out, region)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // watchSources checks the sources of the region's stream every sourceCheck.

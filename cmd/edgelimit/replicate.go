@@ -27,6 +27,7 @@ type replFlags struct {
 	leafListen            int
 	leafRemotes           listFlag
 	flush                 time.Duration
+	partitionShare        float64
 }
 
 // parseTopology reads "eu=pop-a,pop-b;us=pop-c" into a Topology.
@@ -106,6 +107,9 @@ func (f *replFlags) validate() (replication.Topology, error) {
 	if f.flush <= 0 {
 		return t, fmt.Errorf("--flush-interval must be > 0, got %v", f.flush)
 	}
+	if f.partitionShare < 0 || f.partitionShare > 1 {
+		return t, fmt.Errorf("--partition-share must be between 0 and 1, got %v", f.partitionShare)
+	}
 	if f.natsNKey != "" {
 		if _, err := nats.NkeyOptionFromSeed(f.natsNKey); err != nil {
 			return t, fmt.Errorf("--nats-nkey: %w", err)
@@ -117,8 +121,9 @@ func (f *replFlags) validate() (replication.Topology, error) {
 // replicator returns the node's Replicate hook: restore the store from
 // Pebble, connect to NATS (an embedded server unless --nats names one), and
 // run the replicator with every delta persisted before it is published.
-func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog.Logger) func(context.Context, node.Counts, node.Bits, prometheus.Registerer) (func() error, error) {
-	return func(ctx context.Context, store node.Counts, bits node.Bits, reg prometheus.Registerer) (func() error, error) {
+func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog.Logger) func(context.Context, node.ReplicaHooks) (func() error, error) {
+	return func(ctx context.Context, h node.ReplicaHooks) (func() error, error) {
+		store, bits, reg := h.Counts, h.Bits, h.Registerer
 		db, err := replication.OpenDB(filepath.Join(dataDir, "state"), f.pop,
 			&replication.DBOptions{Logger: replication.PebbleLogger(log)})
 		if err != nil {
@@ -179,6 +184,7 @@ func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog
 		}
 		reg.MustRegister(replicationCollector{r})
 		log.Info("replicating", "region", f.region, "pop", f.pop, "regions", len(t.Regions), "resume_after_seq", seq)
+		go f.watchPartition(ctx, r, t, h.SetGlobalShare, log)
 		return func() error {
 			defer closeAll()
 			err := r.Run(ctx)
@@ -230,4 +236,41 @@ func (c replicationCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(replStalled, prometheus.GaugeValue, float64(s.StalledSources))
 	ch <- prometheus.MustNewConstMetric(bitLag, prometheus.GaugeValue, s.BitLag.P50.Seconds(), "0.5")
 	ch <- prometheus.MustNewConstMetric(bitLag, prometheus.GaugeValue, s.BitLag.P99.Seconds(), "0.99")
+}
+
+// watchPartition sets this PoP's share of global limits from which regions it
+// can hear: while some are cut off, it enforces the share of the regions it
+// reaches (reachable regions / all regions by default, or --partition-share
+// per reachable region), so that the sides of a partition together admit at
+// most about one global limit. It restores the full limits once every region
+// is heard again.
+func (f *replFlags) watchPartition(ctx context.Context, r *replication.Replicator, t replication.Topology, set func(float64), log *slog.Logger) {
+	regions := len(t.Regions)
+	if regions < 2 || set == nil {
+		return
+	}
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	last := 1.0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			cut := r.Unreachable(now, 3*time.Second)
+			share := 1.0
+			if len(cut) > 0 {
+				reachable := float64(regions - len(cut))
+				share = reachable / float64(regions)
+				if f.partitionShare > 0 {
+					share = min(1, reachable*f.partitionShare)
+				}
+			}
+			if share != last {
+				log.Warn("global limits rescaled: regions unreachable", "unreachable", cut, "share", share)
+				set(share)
+				last = share
+			}
+		}
+	}
 }

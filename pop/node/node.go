@@ -67,9 +67,8 @@ type Config struct {
 	// Replicate, when set, wires the store to replication (cmd supplies it;
 	// pop does not import replication). It is called before the PoP serves
 	// its first check, so that it can restore durable state into the store,
-	// and returns the function that runs replication until ctx ends. It may
-	// register its metrics with reg.
-	Replicate func(ctx context.Context, counts Counts, bits Bits, reg prometheus.Registerer) (run func() error, err error)
+	// and returns the function that runs replication until ctx ends.
+	Replicate func(ctx context.Context, h ReplicaHooks) (run func() error, err error)
 	// DebugListen, when set, serves net/http/pprof on that address. Keep it
 	// on loopback or a private interface.
 	DebugListen string
@@ -89,6 +88,18 @@ type Counts interface {
 	Restore(own []crdt.Slot)
 	Apply(remote []crdt.Slot)
 	Remote() []crdt.Slot
+}
+
+// ReplicaHooks is what the node hands to Config.Replicate.
+type ReplicaHooks struct {
+	// Counts is the store's replicated counts; Bits the mitigation table.
+	Counts Counts
+	Bits   Bits
+	// Registerer takes replication's metrics.
+	Registerer prometheus.Registerer
+	// SetGlobalShare scales global limits while the region is cut off
+	// (pop.Engine.SetGlobalShare).
+	SetGlobalShare func(float64)
 }
 
 // Bits is a PoP's mitigation table as replication sees it (replication.Bits).
@@ -143,6 +154,10 @@ func Run(ctx context.Context, cfg Config) error {
 		mit = pop.NewMitigations(cfg.Replica)
 		eng.UseMitigations(mit)
 		registerMitigations(reg, mit)
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "edgelimit_global_share",
+			Help: "The share of every global limit this PoP enforces: 1, or less while its region is cut off from others.",
+		}, eng.GlobalShare))
 		go sweepMitigations(ctx, mit)
 	}
 	if cfg.Replica == "" {
@@ -153,7 +168,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer cancel()
 	replErr := make(chan error, 1)
 	if cfg.Replicate != nil {
-		run, err := cfg.Replicate(ctx, counts, mit, reg)
+		run, err := cfg.Replicate(ctx, ReplicaHooks{Counts: counts, Bits: mit, Registerer: reg, SetGlobalShare: eng.SetGlobalShare})
 		if err != nil {
 			return fmt.Errorf("replication: %w", err)
 		}
