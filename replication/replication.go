@@ -13,7 +13,10 @@
 // to a simulated transport instead).
 package replication
 
-import "github.com/edgelimit/edgelimit/crdt"
+import (
+	"github.com/edgelimit/edgelimit/crdt"
+	"github.com/edgelimit/edgelimit/region"
+)
 
 // Counts is a PoP's counter store as replication sees it. Implementations
 // are safe for concurrent use: replication calls them from its own goroutines
@@ -40,25 +43,8 @@ type Counts interface {
 // limit's one second old), so only the store, which knows each key's window,
 // drops old windows.
 
-// Topology names the regions and the PoPs in each. Every PoP of a deployment
-// shares one Topology; a PoP's replica name is its PoP name, unique across
-// regions.
-type Topology struct {
-	// Regions maps a region name to its PoP names.
-	Regions map[string][]string
-}
-
-// RegionOf returns the region of pop, or "" when the topology does not name it.
-func (t Topology) RegionOf(pop string) string {
-	for r, pops := range t.Regions {
-		for _, p := range pops {
-			if p == pop {
-				return r
-			}
-		}
-	}
-	return ""
-}
+// Topology names the regions and the PoPs in each (region.Topology).
+type Topology = region.Topology
 
 // Bits is a PoP's table of mitigation bits as replication sees it: keys known
 // to be over a region or global limit, denied without counting until a time.

@@ -96,7 +96,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	}
 	cfg.Logger = log
 	if repl.pop != "" {
-		cfg.Replica, cfg.RegionPeers = repl.pop, regionPeers(topo, repl.region, repl.pop)
+		cfg.Replica, cfg.RegionPeers = repl.pop, topo.Peers(repl.pop)
 		cfg.Replicate = repl.replicator(topo, cfg.DataDir, log)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

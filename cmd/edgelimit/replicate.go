@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgelimit/edgelimit/pop/node"
+	"github.com/edgelimit/edgelimit/region"
 	"github.com/edgelimit/edgelimit/replication"
 )
 
@@ -28,45 +29,6 @@ type replFlags struct {
 	leafRemotes           listFlag
 	flush                 time.Duration
 	partitionShare        float64
-}
-
-// parseTopology reads "eu=pop-a,pop-b;us=pop-c" into a Topology.
-func parseTopology(s string) (replication.Topology, error) {
-	t := replication.Topology{Regions: map[string][]string{}}
-	seen := map[string]string{}
-	for _, part := range strings.Split(s, ";") {
-		part = strings.TrimSpace(part)
-		if part == "" {
-			continue
-		}
-		region, pops, ok := strings.Cut(part, "=")
-		region = strings.TrimSpace(region)
-		if !ok || region == "" {
-			return t, fmt.Errorf("topology %q: want region=pop,pop;region=pop", part)
-		}
-		for _, p := range strings.Split(pops, ",") {
-			if p = strings.TrimSpace(p); p == "" {
-				continue
-			}
-			if r, dup := seen[p]; dup {
-				return t, fmt.Errorf("topology: PoP %q is in both %s and %s", p, r, region)
-			}
-			seen[p] = region
-			t.Regions[region] = append(t.Regions[region], p)
-		}
-	}
-	return t, nil
-}
-
-// regionPeers lists the other PoPs of pop's region.
-func regionPeers(t replication.Topology, region, pop string) []string {
-	var out []string
-	for _, p := range t.Regions[region] {
-		if p != pop {
-			out = append(out, p)
-		}
-	}
-	return out
 }
 
 // domains names each region's JetStream domain after the region: regions are
@@ -89,7 +51,7 @@ func (f *replFlags) validate() (replication.Topology, error) {
 	if f.region == "" || f.pop == "" {
 		return t, fmt.Errorf("--region and --pop go together (replication needs both)")
 	}
-	t, err := parseTopology(f.topology)
+	t, err := region.Parse(f.topology)
 	if err != nil {
 		return t, fmt.Errorf("--topology: %w", err)
 	}
@@ -258,14 +220,7 @@ func (f *replFlags) watchPartition(ctx context.Context, r *replication.Replicato
 			return
 		case now := <-tick.C:
 			cut := r.Unreachable(now, 3*time.Second)
-			share := 1.0
-			if len(cut) > 0 {
-				reachable := float64(regions - len(cut))
-				share = reachable / float64(regions)
-				if f.partitionShare > 0 {
-					share = min(1, reachable*f.partitionShare)
-				}
-			}
+			share := region.Share(regions-len(cut), regions, f.partitionShare)
 			if share != last {
 				log.Warn("global limits rescaled: regions unreachable", "unreachable", cut, "share", share)
 				set(share)

@@ -1,0 +1,56 @@
+package region
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestParse(t *testing.T) {
+	top, err := Parse("eu=eu-1, eu-2; us=us-1;")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := top.Names(); !slices.Equal(got, []string{"eu", "us"}) {
+		t.Fatalf("regions %v", got)
+	}
+	if top.RegionOf("eu-2") != "eu" || top.RegionOf("nope") != "" {
+		t.Fatal("RegionOf")
+	}
+	if got := top.Peers("eu-1"); !slices.Equal(got, []string{"eu-2"}) {
+		t.Fatalf("peers of eu-1: %v", got)
+	}
+	for _, bad := range []struct{ in, want string }{
+		{"eu=a;us=a", `PoP "a" is in both eu and us`},
+		{"a,b", "want region=pop"},
+		{"=a", "want region=pop"},
+	} {
+		if _, err := Parse(bad.in); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("Parse(%q) = %v, want %q", bad.in, err, bad.want)
+		}
+	}
+}
+
+func TestShare(t *testing.T) {
+	cases := []struct {
+		reach, total int
+		per, want    float64
+	}{
+		{3, 3, 0, 1},
+		{1, 3, 0, 1.0 / 3},
+		{2, 3, 0, 2.0 / 3},
+		{1, 2, 0.75, 0.75},
+		{2, 3, 0.75, 1},
+		{0, 3, 0, 1.0 / 3}, // a PoP reaches its own region at least
+		{1, 0, 0, 1},
+	}
+	for _, c := range cases {
+		if got := Share(c.reach, c.total, c.per); got != c.want {
+			t.Errorf("Share(%d, %d, %v) = %v, want %v", c.reach, c.total, c.per, got, c.want)
+		}
+	}
+	// The default shares of the sides of any partition sum to one limit.
+	if sum := Share(1, 4, 0) + Share(3, 4, 0); sum != 1 {
+		t.Fatalf("sides sum to %v", sum)
+	}
+}
