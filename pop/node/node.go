@@ -158,7 +158,7 @@ func Run(ctx context.Context, cfg Config) error {
 			Name: "edgelimit_global_share",
 			Help: "The share of every global limit this PoP enforces: 1, or less while its region is cut off from others.",
 		}, eng.GlobalShare))
-		go sweepMitigations(ctx, mit)
+		go every(time.Second, ctx.Done(), func(now int64) { mit.Sweep(now) })
 	}
 	if cfg.Replica == "" {
 		warnScopes(log, set)
@@ -264,7 +264,11 @@ func openStore(cfg Config, reg prometheus.Registerer) (pop.Store, Counts, func()
 	mem := store.NewMemory(memCfg)
 	registerMemory(reg, mem)
 	stop := make(chan struct{})
-	go sweep(mem, cfg.SweepInterval, stop)
+	sweepEvery := cfg.SweepInterval
+	if sweepEvery <= 0 {
+		sweepEvery = 10 * time.Second
+	}
+	go every(sweepEvery, stop, func(now int64) { mem.SweepAt(now) })
 	if embedded {
 		return mem, mem, func() { close(stop) }, nil
 	}
@@ -305,18 +309,16 @@ func registerFallback(reg prometheus.Registerer, fb *store.Fallback) {
 	)
 }
 
-func sweep(mem *store.Memory, every time.Duration, stop <-chan struct{}) {
-	if every <= 0 {
-		every = 10 * time.Second
-	}
-	t := time.NewTicker(every)
+// every calls f with the time every interval until stop is closed.
+func every(interval time.Duration, stop <-chan struct{}, f func(now int64)) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-stop:
 			return
 		case now := <-t.C:
-			mem.SweepAt(now.UnixNano())
+			f(now.UnixNano())
 		}
 	}
 }
@@ -359,19 +361,6 @@ func debugMux() *http.ServeMux {
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	return mux
-}
-
-func sweepMitigations(ctx context.Context, m *pop.Mitigations) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			m.Sweep(now.UnixNano())
-		}
-	}
 }
 
 func registerMitigations(reg prometheus.Registerer, m *pop.Mitigations) {
