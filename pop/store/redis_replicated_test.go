@@ -34,21 +34,6 @@ func openReplRedis(t *testing.T, url, replica string, clock *replClock, peers ..
 		Replica: replica, RegionPeers: peers})
 }
 
-func admitRedis(t *testing.T, s *Redis, now int64, it limit.Item, times int) int {
-	t.Helper()
-	out := make([]limit.Decision, 1)
-	n := 0
-	for range times {
-		if err := s.CheckAt(context.Background(), now, 1, []limit.Item{it}, out); err != nil {
-			t.Fatal(err)
-		}
-		if out[0].Allowed {
-			n++
-		}
-	}
-	return n
-}
-
 // exchangeRedis delivers every store's delta to every other store.
 func exchangeRedis(t *testing.T, stores ...*Redis) {
 	t.Helper()
@@ -101,31 +86,31 @@ func testReplicatedScopes(t *testing.T, now int64, a, b, c *Redis) {
 	region := replItem("r", 10, limit.ScopeRegion)
 	local := replItem("p", 10, limit.ScopePOP)
 
-	if got := admitRedis(t, a, now, global, 6) + admitRedis(t, c, now, global, 2); got != 8 {
+	if got := admit(t, a, now, global, 6) + admit(t, c, now, global, 2); got != 8 {
 		t.Fatalf("admitted %d before any exchange", got)
 	}
 	exchangeRedis(t, a, b, c)
 	// Every PoP now knows 8 of 10 are spent: only 2 more anywhere.
-	if got := admitRedis(t, b, now, global, 5); got != 2 {
+	if got := admit(t, b, now, global, 5); got != 2 {
 		t.Fatalf("b admitted %d of the 2 left of the global limit", got)
 	}
 	exchangeRedis(t, a, b, c)
-	if got := admitRedis(t, a, now, global, 1) + admitRedis(t, c, now, global, 1); got != 0 {
+	if got := admit(t, a, now, global, 1) + admit(t, c, now, global, 1); got != 0 {
 		t.Fatalf("global limit spent, yet %d admitted", got)
 	}
 
 	// Region scope: c's hits are in another region and do not count for eu.
-	admitRedis(t, a, now, region, 7)
-	admitRedis(t, c, now, region, 10)
+	admit(t, a, now, region, 7)
+	admit(t, c, now, region, 10)
 	exchangeRedis(t, a, b, c)
-	if got := admitRedis(t, b, now, region, 5); got != 3 {
+	if got := admit(t, b, now, region, 5); got != 3 {
 		t.Fatalf("b admitted %d of eu's 3 left", got)
 	}
 
 	// Pop scope is never replicated.
-	admitRedis(t, a, now, local, 10)
+	admit(t, a, now, local, 10)
 	exchangeRedis(t, a, b, c)
-	if got := admitRedis(t, b, now, local, 10); got != 10 {
+	if got := admit(t, b, now, local, 10); got != 10 {
 		t.Fatalf("pop scope leaked across PoPs: b admitted %d", got)
 	}
 	own := a.Own()
@@ -159,17 +144,17 @@ func TestRedisReplicatedSlidingWindow(t *testing.T) {
 	b := openReplRedis(t, dbURL(srv, 2), "b", clock)
 	it := replItem("w", 100, limit.ScopeGlobal)
 	t0 := limittest.T0.UnixNano()
-	admitRedis(t, a, clock.at(t0+int64(10*time.Second)), it, 40)
-	admitRedis(t, b, clock.at(t0+int64(20*time.Second)), it, 40)
+	admit(t, a, clock.at(t0+int64(10*time.Second)), it, 40)
+	admit(t, b, clock.at(t0+int64(20*time.Second)), it, 40)
 	exchangeRedis(t, a, b)
 	// 45 s into the next minute: 80 × 0.25 = 20 spent; 80 fit.
-	if got := admitRedis(t, a, clock.at(t0+int64(105*time.Second)), it, 100); got != 80 {
+	if got := admit(t, a, clock.at(t0+int64(105*time.Second)), it, 100); got != 80 {
 		t.Fatalf("admitted %d, want 80", got)
 	}
 	// Two minutes on, b's own first minute no longer counts, and a's second
 	// minute, all remote to b, weighs 0.5: 40 spent, 60 fit.
 	exchangeRedis(t, a, b)
-	if got := admitRedis(t, b, clock.at(t0+int64(150*time.Second)), it, 100); got != 60 {
+	if got := admit(t, b, clock.at(t0+int64(150*time.Second)), it, 100); got != 60 {
 		t.Fatalf("admitted %d, want 60", got)
 	}
 }
@@ -183,7 +168,7 @@ func TestRedisReplicatedRestore(t *testing.T) {
 	url := dbURL(srv, 1)
 	a := openReplRedis(t, url, "a", clock)
 	it := replItem("x", 10, limit.ScopeGlobal)
-	admitRedis(t, a, now, it, 7)
+	admit(t, a, now, it, 7)
 	saved := a.Delta()
 	if len(saved) != 1 || saved[0].Count != 7 {
 		t.Fatalf("delta %v, want one slot of 7", saved)
@@ -201,7 +186,7 @@ func TestRedisReplicatedRestore(t *testing.T) {
 	if err := restarted.RestoreCtx(context.Background(), append(lower, saved...)); err != nil {
 		t.Fatal(err)
 	}
-	if got := admitRedis(t, restarted, now, it, 10); got != 3 {
+	if got := admit(t, restarted, now, it, 10); got != 3 {
 		t.Fatalf("restarted store admitted %d, want the 3 left", got)
 	}
 	d := restarted.Delta()
@@ -216,7 +201,7 @@ func TestRedisReplicatedRestore(t *testing.T) {
 	if err := restarted.RestoreCtx(context.Background(), d); err != nil {
 		t.Fatal(err)
 	}
-	if got := admitRedis(t, restarted, t1, it, 10); got != 5 { // 10 × 0.5 spent
+	if got := admit(t, restarted, t1, it, 10); got != 5 { // 10 × 0.5 spent
 		t.Fatalf("admitted %d after restoring the previous window, want 5", got)
 	}
 }
@@ -252,7 +237,7 @@ func TestRedisReplicatedApplyIdempotent(t *testing.T) {
 				}
 			}
 			// b 5 + c 2 = 7 of 20 spent.
-			if got := admitRedis(t, a, now, it, 20); got != 13 {
+			if got := admit(t, a, now, it, 20); got != 13 {
 				t.Fatalf("admitted %d, want 13", got)
 			}
 			got := a.Remote()
@@ -278,8 +263,8 @@ func TestRedisReplicatedServersOfOnePoP(t *testing.T) {
 	a2 := openReplRedis(t, dbURL(srv, 1), "a", clock)
 	b := openReplRedis(t, dbURL(srv, 2), "b", clock)
 	it := replItem("s", 10, limit.ScopeGlobal)
-	admitRedis(t, a1, now, it, 3)
-	admitRedis(t, a2, now, it, 4)
+	admit(t, a1, now, it, 3)
+	admit(t, a2, now, it, 4)
 	d1, d2 := a1.Delta(), a2.Delta()
 	if len(d1) != 1 || len(d2) != 1 || d1[0].Count != 7 || d2[0].Count != 7 {
 		t.Fatalf("deltas %v and %v, want the PoP's 7 from each", d1, d2)
@@ -292,7 +277,7 @@ func TestRedisReplicatedServersOfOnePoP(t *testing.T) {
 	if err := b.ReplicationErr(); err != nil {
 		t.Fatal(err)
 	}
-	if got := admitRedis(t, b, now, it, 10); got != 3 {
+	if got := admit(t, b, now, it, 10); got != 3 {
 		t.Fatalf("b admitted %d, want 3", got)
 	}
 }
@@ -344,7 +329,7 @@ func TestRedisReplicatedBounds(t *testing.T) {
 	a := openReplRedis(t, dbURL(srv, 1), "a", clock)
 	b := openReplRedis(t, dbURL(srv, 2), "b", clock)
 	it := replItem("t", 10, limit.ScopeGlobal)
-	admitRedis(t, a, t0, it, 2)
+	admit(t, a, t0, it, 2)
 	exchangeRedis(t, a, b)
 	if len(a.Own()) != 1 || len(b.Remote()) != 1 {
 		t.Fatalf("own %v remote %v, want one slot each", a.Own(), b.Remote())

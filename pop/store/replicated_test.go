@@ -18,7 +18,8 @@ func replItem(value string, n int64, scope limit.Scope) limit.Item {
 	return limit.Item{Key: l.AppendKey(nil, []rules.Entry{{Key: "k", Value: value}}), Spec: l.Spec, Scope: scope}
 }
 
-func admit(t *testing.T, s *Memory, now int64, it limit.Item, times int) int {
+// admit makes times single checks of it on any store and counts the admitted.
+func admit(t *testing.T, s limittest.Store, now int64, it limit.Item, times int) int {
 	t.Helper()
 	out := make([]limit.Decision, 1)
 	n := 0
