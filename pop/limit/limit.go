@@ -309,10 +309,9 @@ func (s Spec) peekFixed(st *State, now, hits int64) Decision {
 		return d
 	}
 	d.Remaining = max(s.Limit-st.Cur, 0)
+	// The next window: also for more hits than the limit, which never fit —
+	// a fresh window is as good as it gets.
 	d.RetryAfter = max(end-now, 1)
-	if hits > s.Limit {
-		d.RetryAfter = max(end-now, 1) // the fresh window is as good as it gets
-	}
 	return d
 }
 
