@@ -78,16 +78,14 @@ const (
 	ScopeGlobal = limit.ScopeGlobal
 )
 
-var scopeNames = [...]string{"pop", "region", "global"}
-
 // ParseScope maps a rule file's scope name to a Scope; "" is ScopePOP.
 func ParseScope(s string) (Scope, error) {
 	if s == "" {
 		return ScopePOP, nil
 	}
-	for i, n := range scopeNames {
-		if s == n {
-			return Scope(i), nil
+	for sc := ScopePOP; sc <= ScopeGlobal; sc++ {
+		if s == sc.String() {
+			return sc, nil
 		}
 	}
 	return 0, fmt.Errorf("unknown scope %q (want pop, region or global)", s)
