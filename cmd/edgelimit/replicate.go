@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
@@ -59,12 +58,7 @@ func (f *replFlags) validate() (replication.Topology, error) {
 		t.Regions = map[string][]string{f.region: {f.pop}}
 	}
 	if t.RegionOf(f.pop) != f.region {
-		regions := make([]string, 0, len(t.Regions))
-		for r := range t.Regions {
-			regions = append(regions, r)
-		}
-		sort.Strings(regions)
-		return t, fmt.Errorf("--topology does not put PoP %q in region %q (regions: %s)", f.pop, f.region, strings.Join(regions, ", "))
+		return t, fmt.Errorf("--topology does not put PoP %q in region %q (regions: %s)", f.pop, f.region, strings.Join(t.Names(), ", "))
 	}
 	if f.flush <= 0 {
 		return t, fmt.Errorf("--flush-interval must be > 0, got %v", f.flush)
