@@ -9,10 +9,18 @@
 // seeded by the scenario's seed. The same scenario and seed give a
 // byte-identical report.
 //
-// What a run models. Each strategy (Edgelimit, LocalOnly, StaticSplit,
-// Centralized) gets fresh engines and stores and the very same arrivals: the
-// traffic draws from its own PCG stream of the seed, the network from
-// another. Edgelimit's PoPs hand their store's Delta to the simulated
+// What a run models. Each strategy (Edgelimit, AsyncSync, LocalOnly,
+// StaticSplit, Centralized) gets fresh engines and stores and the very same
+// arrivals: the traffic draws from its own PCG stream of the seed, the
+// network from another. Strategies run concurrently, each in one goroutine of
+// its own; nothing is shared between them but the read-only scenario.
+//
+// Sources are Poisson streams, each on a limit key (sources sharing a key
+// share its limit), with start/end and on/off phases; a Mix generates
+// hundreds of thousands of them, each with its own key. Sources that send
+// all run long are merged into one Poisson stream of their summed rate whose
+// arrivals pick a source by rate (an alias table): the same process, with one
+// event in the queue instead of one per source. Edgelimit's PoPs hand their store's Delta to the simulated
 // transport every FlushInterval and their Own state every SnapshotInterval
 // (anti-entropy), as replication.Replicator does; each copy reaches every
 // other PoP's Apply after the one-way latency between their regions plus
@@ -21,7 +29,16 @@
 // does. Messages and bytes count every copy handed to the network, sized as
 // the proto DeltaBatch that carries it.
 //
-// The oracle is an exact sliding-window log over the hits every PoP admitted.
+// Presence beacons go to the other regions every HelloInterval like core NATS
+// messages (lost, not held, on a cut link); a PoP that hears no beacon from a
+// region for UnreachableAfter enforces only region.Share of the global limit,
+// as `edgelimit pop` does. Each PoP may run on a skewed clock (ClockSkew).
+// Mitigation bits ride the flush; the run records how long each took from
+// the hit that issued it to every other PoP. After a partition heals, it
+// records how long until every PoP holds every other PoP's counts as they
+// were at the heal.
+//
+// The oracle is an exact sliding-window log, per key, over the hits every PoP admitted.
 // Even Centralized, which sees every hit at once, is graded against it: its
 // residual overshoot and wrong decisions are those of the sliding-window
 // counter itself (prev × (1 − elapsed/window) + cur), the baseline the other

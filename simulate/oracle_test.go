@@ -1,6 +1,9 @@
 package simulate
 
-import "testing"
+import (
+	"slices"
+	"testing"
+)
 
 // TestOracle grades timelines computed by hand: window 10ns, limit 3.
 func TestOracle(t *testing.T) {
@@ -14,10 +17,12 @@ func TestOracle(t *testing.T) {
 		falseAllow, falseDeny    int64
 		worst, admitted          int64
 		crossing, firstDeny, end int64
-		windows                  int64
+		windows                  int64 // fixed windows that admitted anything
 		excess                   int64 // Σ per fixed window of max(0, admitted − limit)
+		legit                    int64
 	}{
 		{
+			// The denial at 3 is the 4th hit offered in (−7, 3]: not legit.
 			name:      "exact limiter",
 			decs:      []dec{{0, true}, {1, true}, {2, true}, {3, false}, {10, true}, {11, true}},
 			admitted:  5,
@@ -43,12 +48,14 @@ func TestOracle(t *testing.T) {
 			end: 10, windows: 1, excess: 2,
 		},
 		{
+			// Offered in (−10, 1] are 2 hits, in (2, 12] 1: both denials
+			// wronged a client within its limit.
 			name:      "false denies",
 			decs:      []dec{{0, true}, {1, false}, {2, true}, {12, false}},
 			admitted:  2,
-			falseDeny: 2,
-			crossing:  -1, firstDeny: 1,
-			end: 25, windows: 3,
+			falseDeny: 2, legit: 2,
+			crossing: -1, firstDeny: 1,
+			end: 25, windows: 1,
 		},
 		{
 			// Hits at 8, 9 (window 0) and 10, 11 (window 1): 4 in (1, 11] is
@@ -63,14 +70,15 @@ func TestOracle(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			o := newOracle(10, 3)
+			o := newOracle(10, 3, 1, 0, 1, c.end)
 			for _, d := range c.decs {
-				o.decide(d.at, 1, d.admit)
+				o.decide(0, d.at, 1, d.admit)
 			}
-			o.finish(c.end)
-			got := []int64{o.falseAllow, o.falseDeny, o.worst, o.admitted, o.crossing, o.firstDeny, o.fixedWindows, o.fixedExcess}
-			want := []int64{c.falseAllow, c.falseDeny, c.worst, c.admitted, c.crossing, c.firstDeny, c.windows, c.excess}
-			names := []string{"false allows", "false denies", "worst", "admitted", "crossing", "first deny", "windows", "excess"}
+			o.finish()
+			k := o.keys[0]
+			got := []int64{o.falseAllow, o.falseDeny, o.legitDeny, o.worst, o.admitted, k.crossing, k.firstDeny, o.fixedWindows, o.fixedExcess}
+			want := []int64{c.falseAllow, c.falseDeny, c.legit, c.worst, c.admitted, c.crossing, c.firstDeny, c.windows, c.excess}
+			names := []string{"false allows", "false denies", "legit denies", "worst", "admitted", "crossing", "first deny", "windows", "excess"}
 			for i := range got {
 				if got[i] != want[i] {
 					t.Errorf("%s = %d, want %d", names[i], got[i], want[i])
@@ -83,17 +91,81 @@ func TestOracle(t *testing.T) {
 // TestOracleCompacts checks that a long run keeps the log short and the
 // count exact.
 func TestOracleCompacts(t *testing.T) {
-	o := newOracle(100, 50)
+	o := newOracle(100, 50, 1, 0, 1000, 100000)
 	for i := range int64(100000) {
-		o.decide(i, 1, true)
+		o.decide(0, i, 1, true)
 	}
-	if o.count != 100 {
-		t.Fatalf("count in the last window = %d, want 100", o.count)
+	k := &o.keys[0]
+	if k.adm.count != 100 || k.off.count != 100 {
+		t.Fatalf("count in the last window = %d admitted, %d offered; want 100", k.adm.count, k.off.count)
 	}
 	if o.worst != 50 {
 		t.Fatalf("worst = %d, want 50", o.worst)
 	}
-	if len(o.log) > 4096 {
-		t.Fatalf("log holds %d entries for a window of 100", len(o.log))
+	if len(k.adm.log) > 4096 || len(k.off.log) > 4096 {
+		t.Fatalf("logs hold %d and %d entries for a window of 100", len(k.adm.log), len(k.off.log))
+	}
+}
+
+// TestOracleKeys checks that keys are graded apart, and the per-key figures:
+// the histogram of excess per fixed window, the tracked key's series, and
+// the denial lags. Window 10, limit 4.
+func TestOracleKeys(t *testing.T) {
+	o := newOracle(10, 4, 3, 1, 5, 20)
+	// Key 0: 4 hits at 0..3 fit; 2 more at 4, 5 are false allows (excess 2 =
+	// 50% of the limit); denied at 6 (crossed at 4: lag 2).
+	for at := int64(0); at < 6; at++ {
+		o.decide(0, at, 1, true)
+	}
+	o.decide(0, 6, 1, false)
+	// Key 1 (tracked): 3 hits in window 0, denied at 7 though it fits (a
+	// legit deny: 4 offered); 1 hit in window 1 at 12.
+	for at := int64(1); at < 4; at++ {
+		o.decide(1, at, 1, true)
+	}
+	o.decide(1, 7, 1, false)
+	o.decide(1, 12, 1, true)
+	// Key 2: never decided.
+	o.finish()
+
+	if o.falseAllow != 2 || o.falseDeny != 1 || o.legitDeny != 1 {
+		t.Errorf("false allows %d, denies %d, legit %d; want 2, 1, 1", o.falseAllow, o.falseDeny, o.legitDeny)
+	}
+	if o.worst != 2 {
+		t.Errorf("worst = %d, want 2 (key 0 only)", o.worst)
+	}
+	// Windows that admitted: key 0 window 0 (excess 50%), key 1 windows 0
+	// and 1 (none).
+	want := make([]int64, len(OvershootBuckets)+1)
+	want[0] = 2
+	want[slices.Index(OvershootBuckets, 50)] = 1
+	if !slices.Equal(o.hist, want) {
+		t.Errorf("histogram %v, want %v (edges %v)", o.hist, want, OvershootBuckets)
+	}
+	// Series of key 1 in steps of 5: [0,5) peaks at 3 admitted, [5,10)
+	// saw 3 at the denial, [10,15) 2 (hits at 2, 3 expired by 12: (2,12]
+	// holds 3 and 12 → 2).
+	if want := []int64{3, 3, 2, 0}; !slices.Equal(o.series, want) {
+		t.Errorf("series %v, want %v", o.series, want)
+	}
+	if !slices.Equal(o.lags, []int64{2}) {
+		t.Errorf("lags %v, want [2] (key 0 crossed at 4, denied at 6; key 1 never crossed)", o.lags)
+	}
+	if o.keys[2].fixedCount != 0 || o.keys[2].crossing != -1 {
+		t.Error("key 2 was touched")
+	}
+}
+
+func TestQuantiles(t *testing.T) {
+	if q := quantiles(nil); q != (Quantiles{}) {
+		t.Errorf("no samples: %+v", q)
+	}
+	s := make([]int64, 100)
+	for i := range s {
+		s[i] = int64(100 - i) // 100..1, unsorted
+	}
+	q := quantiles(s)
+	if q.N != 100 || q.P50 != 50 || q.P99 != 99 || q.Max != 100 {
+		t.Errorf("quantiles of 1..100 = %+v", q)
 	}
 }

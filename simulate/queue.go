@@ -1,18 +1,21 @@
 package simulate
 
-import (
-	"container/heap"
-	"math/rand/v2"
-)
+import "math/rand/v2"
 
 // eventKind says what an event does when it fires.
 type eventKind uint8
 
 const (
 	evArrival  eventKind = iota // a request of source idx arrives
+	evSteady                    // a request of one of the steady sources arrives
 	evFlush                     // PoP idx publishes its delta
 	evSnapshot                  // PoP idx publishes its full own state (anti-entropy)
 	evDeliver                   // msg reaches PoP idx
+	evHello                     // PoP idx sends its presence beacon
+	evBeacon                    // a beacon from region arg reaches PoP idx
+	evWatch                     // PoP idx reviews which regions it hears
+	evHeal                      // partition idx heals
+	evConverge                  // check whether the state at heal idx reached every PoP
 )
 
 // event is one scheduled happening at virtual time at (ns since the run's start).
@@ -20,28 +23,17 @@ type event struct {
 	at   int64
 	seq  uint64 // insertion order: breaks ties between events at the same instant
 	kind eventKind
+	arg  int32
 	idx  int
 	msg  *message
 }
 
-// eventHeap orders events by (at, seq); it implements heap.Interface.
-type eventHeap []event
-
-func (h eventHeap) Len() int { return len(h) }
-func (h eventHeap) Less(i, j int) bool {
-	if h[i].at != h[j].at {
-		return h[i].at < h[j].at
+// before orders events by (at, seq).
+func (e *event) before(o *event) bool {
+	if e.at != o.at {
+		return e.at < o.at
 	}
-	return h[i].seq < h[j].seq
-}
-func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *eventHeap) Push(x any)   { *h = append(*h, x.(event)) }
-func (h *eventHeap) Pop() any {
-	old := *h
-	e := old[len(old)-1]
-	old[len(old)-1] = event{}
-	*h = old[:len(old)-1]
-	return e
+	return e.seq < o.seq
 }
 
 // queue is the simulation's clock and agenda: a virtual time that only moves
@@ -50,7 +42,7 @@ func (h *eventHeap) Pop() any {
 type queue struct {
 	now  int64
 	seq  uint64
-	h    eventHeap
+	h    []event // a binary min-heap by (at, seq); typed, as container/heap would box every event
 	rand *rand.Rand
 }
 
@@ -67,7 +59,16 @@ func (q *queue) schedule(e event) {
 	}
 	q.seq++
 	e.seq = q.seq
-	heap.Push(&q.h, e)
+	q.h = append(q.h, e)
+	h := q.h
+	for i := len(h) - 1; i > 0; {
+		parent := (i - 1) / 2
+		if !h[i].before(&h[parent]) {
+			break
+		}
+		h[i], h[parent] = h[parent], h[i]
+		i = parent
+	}
 }
 
 // next removes the earliest event and advances the clock to it; ok is false
@@ -76,7 +77,27 @@ func (q *queue) next() (e event, ok bool) {
 	if len(q.h) == 0 {
 		return event{}, false
 	}
-	e = heap.Pop(&q.h).(event)
+	h := q.h
+	e = h[0]
+	last := len(h) - 1
+	h[0] = h[last]
+	h[last] = event{} // drop the message pointer
+	h = h[:last]
+	for i := 0; ; {
+		small, l, r := i, 2*i+1, 2*i+2
+		if l < len(h) && h[l].before(&h[small]) {
+			small = l
+		}
+		if r < len(h) && h[r].before(&h[small]) {
+			small = r
+		}
+		if small == i {
+			break
+		}
+		h[i], h[small] = h[small], h[i]
+		i = small
+	}
+	q.h = h
 	q.now = e.at
 	return e, true
 }

@@ -37,8 +37,54 @@ type Scenario struct {
 	// Duplicate is the probability that a message to one PoP arrives twice.
 	Duplicate  float64     `yaml:"duplicate"`
 	Partitions []Partition `yaml:"partitions"`
-	Limit      Limit       `yaml:"limit"`
-	Sources    []Source    `yaml:"sources"`
+	// HelloInterval is how often each PoP sends a presence beacon to the
+	// other regions (replication's HelloInterval); default 500ms. Beacons
+	// travel like core NATS messages: one sent across a cut link is lost,
+	// not held.
+	HelloInterval time.Duration `yaml:"hello_interval"`
+	// UnreachableAfter is how long a PoP hears no beacon from a region before
+	// it counts the region as cut off and enforces only its share of every
+	// global limit (region.Share); default 3s, as `edgelimit pop`.
+	UnreachableAfter time.Duration `yaml:"unreachable_after"`
+	// PartitionShare is `edgelimit pop --partition-share`: the share of a
+	// global limit each reachable region enforces during a partition (0:
+	// reachable regions / all regions).
+	PartitionShare float64 `yaml:"partition_share"`
+	// ClockSkew offsets a PoP's clock from true time (positive: ahead), by
+	// PoP name. The PoP decides, windows and bits on its own clock.
+	ClockSkew map[string]time.Duration `yaml:"clock_skew"`
+	Limit     Limit                    `yaml:"limit"`
+	Sources   []Source                 `yaml:"sources"`
+	// Mix adds a generated population of many small sources, each with its
+	// own key, to Sources.
+	Mix *Mix `yaml:"mix"`
+}
+
+// Mix is a generated population of sources, each with a key of its own (a
+// client address, say), in the spirit of the traffic behind Cloudflare's
+// accuracy figure (400M requests from 270k sources): most sources stay far
+// below the limit, a heavy tail comes near it, and a few abuse it.
+type Mix struct {
+	// Sources is the number of sources.
+	Sources int `yaml:"sources"`
+	// MeanRate is the mean request rate of the well-behaved sources, per
+	// second. Their rates follow a Pareto distribution of shape Alpha
+	// (default 1.5; nearer 1 is a heavier tail) with that mean, capped at
+	// MaxRate (default: the limit's own rate, limit ÷ unit).
+	MeanRate float64 `yaml:"mean_rate"`
+	Alpha    float64 `yaml:"alpha"`
+	MaxRate  float64 `yaml:"max_rate"`
+	// Abusive is the share of sources that abuse the limit: each sends at
+	// AbuseMin to AbuseMax times the limit's rate (log-uniform), during an
+	// interval of AbuseFor (default a quarter of the run) starting at a
+	// uniformly random time.
+	Abusive  float64       `yaml:"abusive"`
+	AbuseMin float64       `yaml:"abuse_min"`
+	AbuseMax float64       `yaml:"abuse_max"`
+	AbuseFor time.Duration `yaml:"abuse_for"`
+	// Spread gives the share of sources of each spread (anycast, spray,
+	// random); default all anycast, to a PoP drawn at random.
+	Spread map[Spread]float64 `yaml:"spread"`
 }
 
 // Region is a named group of PoPs. PoP names are unique across regions.
@@ -92,16 +138,24 @@ const (
 )
 
 // Source is a client sending requests at Rate per second (Poisson arrivals)
-// between Start and End (default: the whole run). All sources share one
-// limit key, as the clients of one tenant do.
+// between Start and End (default: the whole run). With On and Off set it
+// sends only during the first On of every On+Off from Start: a bursty or
+// periodic client. Sources with the same Key share one limit, as the clients
+// of one tenant do; the default key is "tenant".
 type Source struct {
 	Name   string        `yaml:"name"`
+	Key    string        `yaml:"key"`
 	Rate   float64       `yaml:"rate"`
 	Spread Spread        `yaml:"spread"`
 	PoP    string        `yaml:"pop"`
 	Start  time.Duration `yaml:"start"`
 	End    time.Duration `yaml:"end"`
+	On     time.Duration `yaml:"on"`
+	Off    time.Duration `yaml:"off"`
 }
+
+// DefaultKey is the limit key of a source that names none.
+const DefaultKey = "tenant"
 
 // LoadScenario reads a scenario from a YAML file, rejecting unknown fields,
 // and validates it.
@@ -217,11 +271,34 @@ func (sc *Scenario) Validate() error {
 			return fmt.Errorf("partitions[%d]: need 0 ≤ start < end, got start %v end %v", i, p.Start, p.End)
 		}
 	}
-	if _, _, err := sc.Limit.spec(); err != nil {
+	if sc.HelloInterval == 0 {
+		sc.HelloInterval = 500 * time.Millisecond
+	}
+	if sc.UnreachableAfter == 0 {
+		sc.UnreachableAfter = 3 * time.Second
+	}
+	if sc.HelloInterval < 0 || sc.UnreachableAfter < 0 {
+		return fmt.Errorf("hello_interval and unreachable_after: must be positive, got %v and %v", sc.HelloInterval, sc.UnreachableAfter)
+	}
+	if !(sc.PartitionShare >= 0 && sc.PartitionShare <= 1) {
+		return fmt.Errorf("partition_share: must be in [0, 1], got %v", sc.PartitionShare)
+	}
+	for p := range sc.ClockSkew {
+		if !pops[p] {
+			return fmt.Errorf("clock_skew: unknown PoP %q", p)
+		}
+	}
+	spec, _, err := sc.Limit.spec()
+	if err != nil {
 		return fmt.Errorf("limit: %w", err)
 	}
-	if len(sc.Sources) == 0 {
-		return errors.New("sources: at least one source is required")
+	if sc.Mix != nil {
+		if err := sc.Mix.validate(sc, float64(spec.Limit)/time.Duration(spec.Window).Seconds()); err != nil {
+			return fmt.Errorf("mix: %w", err)
+		}
+	}
+	if len(sc.Sources) == 0 && sc.Mix == nil {
+		return errors.New("sources: at least one source (or a mix) is required")
 	}
 	for i := range sc.Sources {
 		s := &sc.Sources[i]
@@ -246,6 +323,71 @@ func (sc *Scenario) Validate() error {
 		if s.Start < 0 || s.End <= s.Start {
 			return fmt.Errorf("sources[%d]: need 0 ≤ start < end, got start %v end %v", i, s.Start, s.End)
 		}
+		if s.On < 0 || s.Off < 0 || (s.On == 0) != (s.Off == 0) {
+			return fmt.Errorf("sources[%d]: on and off go together and must be positive, got on %v off %v", i, s.On, s.Off)
+		}
+		if s.Key == "" {
+			s.Key = DefaultKey
+		}
+	}
+	return nil
+}
+
+// validate checks m and fills in its defaults; limitRate is the limit's own
+// rate per second.
+func (m *Mix) validate(sc *Scenario, limitRate float64) error {
+	if m.Sources <= 0 {
+		return fmt.Errorf("sources: must be positive, got %d", m.Sources)
+	}
+	if !(m.MeanRate > 0) || math.IsInf(m.MeanRate, 0) {
+		return fmt.Errorf("mean_rate: must be positive, got %v", m.MeanRate)
+	}
+	if m.Alpha == 0 {
+		m.Alpha = 1.5
+	}
+	if !(m.Alpha > 1) || math.IsInf(m.Alpha, 0) {
+		return fmt.Errorf("alpha: must be above 1 (a Pareto of shape ≤ 1 has no mean), got %v", m.Alpha)
+	}
+	if m.MaxRate == 0 {
+		m.MaxRate = limitRate
+	}
+	if !(m.MaxRate >= m.MeanRate) {
+		return fmt.Errorf("max_rate: must be at least mean_rate %v, got %v", m.MeanRate, m.MaxRate)
+	}
+	if !(m.Abusive >= 0 && m.Abusive <= 1) {
+		return fmt.Errorf("abusive: must be in [0, 1], got %v", m.Abusive)
+	}
+	if m.Abusive > 0 {
+		if m.AbuseMin == 0 {
+			m.AbuseMin = 2
+		}
+		if m.AbuseMax == 0 {
+			m.AbuseMax = 20
+		}
+		if !(m.AbuseMin > 0 && m.AbuseMax >= m.AbuseMin) || math.IsInf(m.AbuseMax, 0) {
+			return fmt.Errorf("abuse_min, abuse_max: need 0 < min ≤ max, got %v and %v", m.AbuseMin, m.AbuseMax)
+		}
+	}
+	if m.AbuseFor == 0 {
+		m.AbuseFor = sc.Duration / 4
+	}
+	if m.AbuseFor < 0 {
+		return fmt.Errorf("abuse_for: must be positive, got %v", m.AbuseFor)
+	}
+	total := 0.0
+	for sp, w := range m.Spread {
+		switch sp {
+		case Anycast, Spray, Random:
+		default:
+			return fmt.Errorf("spread: %q is not anycast, spray or random", sp)
+		}
+		if !(w >= 0) || math.IsInf(w, 0) {
+			return fmt.Errorf("spread: share of %s must be ≥ 0, got %v", sp, w)
+		}
+		total += w
+	}
+	if len(m.Spread) > 0 && total <= 0 {
+		return errors.New("spread: shares add up to zero")
 	}
 	return nil
 }

@@ -2,19 +2,26 @@ package simulate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/edgelimit/edgelimit/crdt"
 	"github.com/edgelimit/edgelimit/pop"
+	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/rules"
 	"github.com/edgelimit/edgelimit/pop/store"
 	edgelimitpb "github.com/edgelimit/edgelimit/proto"
+	"github.com/edgelimit/edgelimit/region"
 )
 
 // Strategy is a way of enforcing one limit across PoPs.
@@ -57,16 +64,123 @@ func (s Strategy) String() string {
 var Epoch = time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // Random streams drawn from the scenario's seed. Traffic has its own stream so
-// that every strategy sees the very same arrivals whatever its network draws.
+// that every strategy sees the very same arrivals whatever its network draws;
+// a mix's population has another, drawn once per run.
 const (
 	streamTraffic = 1
 	streamNetwork = 2
+	streamMix     = 3
 )
 
 const (
 	simDomain = "sim"
-	simKey    = "tenant"
+	simKey    = "client"
+	// seriesPoints is about how many samples Result.Series holds.
+	seriesPoints = 240
+	// convergeStep is how often, after a partition heals, a run checks
+	// whether every PoP holds every other PoP's counts from before the heal.
+	convergeStep = int64(5 * time.Millisecond)
+	// watchInterval is how often a PoP reviews which regions it hears, as
+	// `edgelimit pop` does.
+	watchInterval = int64(250 * time.Millisecond)
+	// beaconSize is the bytes of a presence beacon: a uvarint sequence number.
+	beaconSize = 9
 )
+
+// source is a Source, or a generated one of a Mix, in index form.
+type source struct {
+	rate                float64
+	spread              Spread
+	pop                 int // an anycast source's PoP
+	start, end, on, off int64
+	key                 int
+}
+
+// population expands the scenario's sources and mix into sources and the
+// distinct keys they use, in order of first use.
+func population(sc *Scenario, top *topology, limitRate float64) ([]source, []string) {
+	var srcs []source
+	var keys []string
+	keyIdx := map[string]int{}
+	n := len(top.pops)
+	for i, s := range sc.Sources {
+		ki, ok := keyIdx[s.Key]
+		if !ok {
+			ki = len(keys)
+			keyIdx[s.Key] = ki
+			keys = append(keys, s.Key)
+		}
+		p := i % n
+		if s.PoP != "" {
+			p = slices.Index(top.pops, s.PoP)
+		}
+		srcs = append(srcs, source{
+			rate: s.Rate, spread: s.Spread, pop: p, key: ki,
+			start: int64(s.Start), end: int64(s.End), on: int64(s.On), off: int64(s.Off),
+		})
+	}
+	m := sc.Mix
+	if m == nil {
+		return srcs, keys
+	}
+	rnd := rand.New(rand.NewPCG(sc.Seed, streamMix))
+	// Spreads in a fixed order: ranging over the map would not replay.
+	var spreads []Spread
+	var weights []float64
+	total := 0.0
+	for _, sp := range []Spread{Anycast, Spray, Random} {
+		if w := m.Spread[sp]; w > 0 {
+			spreads, weights = append(spreads, sp), append(weights, w)
+			total += w
+		}
+	}
+	xm := m.MeanRate * (m.Alpha - 1) / m.Alpha // Pareto scale for that mean
+	dur := int64(sc.Duration)
+	for i := range m.Sources {
+		s := source{spread: Anycast, pop: rnd.IntN(n), key: len(keys), end: dur}
+		keys = append(keys, "m"+strconv.Itoa(i))
+		if len(spreads) > 0 {
+			x := rnd.Float64() * total
+			for j, w := range weights {
+				if x < w || j == len(weights)-1 {
+					s.spread = spreads[j]
+					break
+				}
+				x -= w
+			}
+		}
+		if rnd.Float64() < m.Abusive {
+			lo, hi := math.Log(m.AbuseMin), math.Log(m.AbuseMax)
+			s.rate = limitRate * math.Exp(lo+rnd.Float64()*(hi-lo))
+			span := min(int64(m.AbuseFor), dur)
+			s.start = rnd.Int64N(dur - span + 1)
+			s.end = s.start + span
+		} else {
+			s.rate = min(xm/math.Pow(1-rnd.Float64(), 1/m.Alpha), m.MaxRate)
+		}
+		srcs = append(srcs, s)
+	}
+	return srcs, keys
+}
+
+// tracked returns the key with the most offered traffic (the first on ties).
+func tracked(srcs []source, keys int) int {
+	offered := make([]float64, keys)
+	for _, s := range srcs {
+		active := float64(s.end - s.start)
+		if s.on > 0 {
+			active *= float64(s.on) / float64(s.on+s.off)
+		}
+		offered[s.key] += s.rate * active
+	}
+	best := 0
+	for k, v := range offered {
+		if v > offered[best] {
+			best = k
+		}
+	}
+	return best
+}
 
 // topology is a scenario's PoPs and network in index form.
 type topology struct {
@@ -138,81 +252,161 @@ func (t *topology) healAt(a, b int, now int64) int64 {
 	return heal
 }
 
-// message is one delta batch or snapshot on its way from PoP from.
+// message is one delta batch or snapshot on its way from PoP from, with the
+// mitigation bits it carries and when each was issued (true time).
 type message struct {
-	from  int
-	slots []crdt.Slot
-	bits  []crdt.Bit
+	from     int
+	slots    []crdt.Slot
+	bits     []crdt.Bit
+	issuedAt []int64
+	got      []bool // per PoP: a copy with bits was delivered (duplicates are not sampled twice)
 }
 
 // run is one strategy's simulation of a scenario.
 type run struct {
 	sc       *Scenario
 	top      *topology
+	srcs     []source
+	keys     []string
 	strategy Strategy
 	q        *queue     // virtual clock and network randomness
 	traffic  *rand.Rand // arrivals and random spread
 
-	engines []*pop.Engine // per PoP; all the same engine when centralized
-	stores  []*store.Memory
-	mits    []*pop.Mitigations // per PoP, Edgelimit only
-	oracle  *oracle
+	engines    []*pop.Engine // per PoP; all the same engine when centralized
+	stores     []*store.Memory
+	mits       []*pop.Mitigations // per PoP, Edgelimit only
+	replicated bool               // Edgelimit or AsyncSync: counts cross the network
+	oracle     *oracle
+	skew       []int64 // per PoP clock offset
 
-	req pop.Request
-	res pop.Result
-	rr  []int // next PoP of each spraying source
+	req    pop.Request
+	res    pop.Result
+	rr     []int32 // next PoP of each spraying source
+	steady *alias  // the sources that send all run long, as one stream
 
-	seq              uint64
-	messages, bytes  int64
-	latencyNs        int64 // Σ added decision latency (centralized)
-	lastSweep        []int64
-	window, duration int64
+	seq             uint64
+	messages, bytes int64
+	latencyNs       int64 // Σ added decision latency (centralized)
+	lastSweep       []int64
+
+	heard   [][]int64 // per PoP, per region: when a beacon last arrived
+	share   []float64 // per PoP: the global share it enforces
+	reduced int64     // decisions made at a reduced share
+
+	issuedAt  [][]int64 // per PoP: issue times of bits not yet flushed
+	bitDelays []int64   // issue → delivery at another PoP, per bit and PoP
+
+	heals       []healState
+	convergence []int64
+	unconverged int
+
+	window, duration, maxSkew int64
+	progress                  func(virtual int64)
+}
+
+// healState is what every PoP owned when a partition healed, to tell when
+// all of it has reached every other PoP.
+type healState struct {
+	at   int64
+	own  [][]crdt.Slot // per PoP
+	done bool
+}
+
+// Options tune how a run reports on itself; they never change its result.
+type Options struct {
+	// Progress, when set, is called now and then during the run with the
+	// simulated time done so far and the total, summed over strategies.
+	// It may be called from several goroutines at once.
+	Progress func(done, total time.Duration)
 }
 
 // Run simulates sc under every strategy and reports how each did. It fails
 // only on an invalid scenario or a failing engine.
-func Run(sc Scenario) (Report, error) {
+func Run(sc Scenario) (Report, error) { return RunWith(sc, Options{}) }
+
+// RunWith is Run with options. Strategies run concurrently, one goroutine
+// each (at most GOMAXPROCS at a time); each run is single-threaded and
+// deterministic, so the report does not depend on how they interleave.
+func RunWith(sc Scenario, opt Options) (Report, error) {
 	// Validate fills in defaults: on copies, so that the caller's scenario
 	// is never written to.
 	sc.Sources = slices.Clone(sc.Sources)
 	sc.Regions = slices.Clone(sc.Regions)
+	if sc.Mix != nil {
+		m := *sc.Mix
+		sc.Mix = &m
+	}
 	if err := sc.Validate(); err != nil {
 		return Report{}, fmt.Errorf("simulate: %w", err)
 	}
 	spec, _, _ := sc.Limit.spec()
 	top := newTopology(&sc)
+	limitRate := float64(spec.Limit) / time.Duration(spec.Window).Seconds()
+	srcs, keys := population(&sc, top, limitRate)
+	tk := tracked(srcs, len(keys))
+	step := max(int64(sc.Duration)/seriesPoints, int64(time.Millisecond))
 	rep := Report{
 		Scenario: sc.Name, Seed: sc.Seed, Duration: sc.Duration,
 		Limit: spec.Limit, Unit: sc.Limit.Unit, Algorithm: sc.Limit.Algorithm,
 		PoPs: len(top.pops), Regions: len(top.regions),
 		FlushInterval: sc.FlushInterval,
+		Sources:       len(srcs), Keys: len(keys), Tracked: keys[tk],
+		SeriesStep: time.Duration(step),
 	}
-	for _, s := range sc.Sources {
-		rep.OfferedPerSecond += s.Rate
-	}
-	for _, st := range Strategies {
-		res, err := runStrategy(&sc, top, st)
-		if err != nil {
-			return Report{}, err
+	for _, s := range srcs {
+		rate := s.rate * float64(s.end-s.start) / float64(sc.Duration)
+		if s.on > 0 {
+			rate *= float64(s.on) / float64(s.on+s.off)
 		}
-		rep.Results = append(rep.Results, res)
+		rep.OfferedPerSecond += rate
+	}
+
+	var done atomic.Int64
+	total := time.Duration(int64(len(Strategies)) * int64(sc.Duration))
+	rep.Results = make([]Result, len(Strategies))
+	errs := make([]error, len(Strategies))
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	var wg sync.WaitGroup
+	for i, st := range Strategies {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			var progress func(int64)
+			if opt.Progress != nil {
+				progress = func(d int64) { opt.Progress(time.Duration(done.Add(d)), total) }
+			}
+			rep.Results[i], errs[i] = runStrategy(&sc, top, srcs, keys, tk, step, st, progress)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return Report{}, err
 	}
 	return rep, nil
 }
 
-func runStrategy(sc *Scenario, top *topology, st Strategy) (Result, error) {
+func runStrategy(sc *Scenario, top *topology, srcs []source, keys []string, tk int, step int64, st Strategy, progress func(int64)) (Result, error) {
 	spec, unit, _ := sc.Limit.spec()
-	r := &run{
-		sc: sc, top: top, strategy: st,
-		q:        newQueue(sc.Seed, streamNetwork),
-		traffic:  rand.New(rand.NewPCG(sc.Seed, streamTraffic)),
-		oracle:   newOracle(spec.Window, spec.Limit),
-		rr:       make([]int, len(sc.Sources)),
-		window:   spec.Window,
-		duration: int64(sc.Duration),
-	}
-	r.req = pop.Request{Domain: simDomain, Descriptors: []pop.Descriptor{{Entries: []rules.Entry{{Key: simKey, Value: "t1"}}}}}
 	n := len(top.pops)
+	r := &run{
+		sc: sc, top: top, srcs: srcs, keys: keys, strategy: st,
+		q:          newQueue(sc.Seed, streamNetwork),
+		traffic:    rand.New(rand.NewPCG(sc.Seed, streamTraffic)),
+		oracle:     newOracle(spec.Window, spec.Limit, len(keys), tk, step, int64(sc.Duration)),
+		rr:         make([]int32, len(srcs)),
+		skew:       make([]int64, n),
+		window:     spec.Window,
+		duration:   int64(sc.Duration),
+		replicated: st == Edgelimit || st == AsyncSync,
+		progress:   progress,
+	}
+	for i, p := range top.pops {
+		r.skew[i] = int64(sc.ClockSkew[p])
+		r.maxSkew = max(r.maxSkew, r.skew[i])
+	}
+	r.req = pop.Request{Domain: simDomain, Descriptors: []pop.Descriptor{{Entries: []rules.Entry{{Key: simKey}}}}}
+	maxKeys := 2*len(keys) + 1024
 	newEngine := func(limit int64, scope rules.Scope, cfg store.MemoryConfig) (*pop.Engine, *store.Memory, error) {
 		s := spec
 		s.Limit = limit
@@ -222,6 +416,7 @@ func runStrategy(sc *Scenario, top *topology, st Strategy) (Result, error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("simulate: rules: %w", err)
 		}
+		cfg.MaxKeys = maxKeys
 		m := store.NewMemory(cfg)
 		return pop.NewEngine(m, set, nil), m, nil
 	}
@@ -231,16 +426,17 @@ func runStrategy(sc *Scenario, top *topology, st Strategy) (Result, error) {
 		switch st {
 		case Edgelimit, AsyncSync:
 			r.engines[i], r.stores[i], err = newEngine(spec.Limit, rules.ScopeGlobal,
-				store.MemoryConfig{MaxKeys: 1024, Replica: top.pops[i], RegionPeers: top.peers[i]})
+				store.MemoryConfig{Replica: top.pops[i], RegionPeers: top.peers[i]})
 			if st == Edgelimit && err == nil {
 				if r.mits == nil {
 					r.mits = make([]*pop.Mitigations, n)
+					r.issuedAt = make([][]int64, n)
 				}
 				r.mits[i] = pop.NewMitigations(top.pops[i])
 				r.engines[i].UseMitigations(r.mits[i])
 			}
 		case LocalOnly:
-			r.engines[i], r.stores[i], err = newEngine(spec.Limit, rules.ScopePOP, store.MemoryConfig{MaxKeys: 1024})
+			r.engines[i], r.stores[i], err = newEngine(spec.Limit, rules.ScopePOP, store.MemoryConfig{})
 		case StaticSplit:
 			share := spec.Limit / int64(n)
 			if int64(i) < spec.Limit%int64(n) {
@@ -249,10 +445,10 @@ func runStrategy(sc *Scenario, top *topology, st Strategy) (Result, error) {
 			if share == 0 {
 				return Result{}, fmt.Errorf("simulate: static split: limit %d is below the number of PoPs %d", spec.Limit, n)
 			}
-			r.engines[i], r.stores[i], err = newEngine(share, rules.ScopePOP, store.MemoryConfig{MaxKeys: 1024})
+			r.engines[i], r.stores[i], err = newEngine(share, rules.ScopePOP, store.MemoryConfig{})
 		case Centralized:
 			if i == 0 {
-				r.engines[i], r.stores[i], err = newEngine(spec.Limit, rules.ScopePOP, store.MemoryConfig{MaxKeys: 1024})
+				r.engines[i], r.stores[i], err = newEngine(spec.Limit, rules.ScopePOP, store.MemoryConfig{})
 			} else {
 				r.engines[i], r.stores[i] = r.engines[0], r.stores[0]
 			}
@@ -262,111 +458,307 @@ func runStrategy(sc *Scenario, top *topology, st Strategy) (Result, error) {
 		}
 	}
 
-	for i := range sc.Sources {
-		r.scheduleArrival(i, int64(sc.Sources[i].Start))
+	// Sources sending all run long at a constant rate are one Poisson
+	// stream of their summed rate whose arrivals pick a source in proportion
+	// to its rate: the same process as one stream per source, exactly, but
+	// with one event in the queue for all of them instead of one each (a
+	// mix has hundreds of thousands).
+	var rates []float64
+	var idx []int
+	for i := range srcs {
+		if s := &srcs[i]; s.start == 0 && s.end >= r.duration && s.on == 0 {
+			rates, idx = append(rates, s.rate), append(idx, i)
+			continue
+		}
+		r.scheduleArrival(i, srcs[i].start)
 	}
-	if st == Edgelimit || st == AsyncSync {
+	if len(idx) > 0 {
+		r.steady = newAlias(rates, idx)
+		r.scheduleSteady()
+	}
+	if r.replicated {
 		r.lastSweep = make([]int64, n)
+		r.heard, r.share = make([][]int64, n), make([]float64, n)
 		for i := range n {
+			r.heard[i], r.share[i] = make([]int64, len(top.regions)), 1
 			r.q.schedule(event{at: r.q.rand.Int64N(int64(sc.FlushInterval)), kind: evFlush, idx: i})
 			r.q.schedule(event{at: r.q.rand.Int64N(int64(sc.SnapshotInterval)), kind: evSnapshot, idx: i})
+			if len(top.regions) > 1 {
+				r.q.schedule(event{at: r.q.rand.Int64N(int64(sc.HelloInterval)), kind: evHello, idx: i})
+				r.q.schedule(event{at: r.q.rand.Int64N(watchInterval), kind: evWatch, idx: i})
+			}
+		}
+		for i, p := range sc.Partitions {
+			if int64(p.End) < r.duration {
+				r.q.schedule(event{at: int64(p.End), kind: evHeal, idx: i})
+			}
 		}
 	}
-	ctx := context.Background()
+	if err := r.loop(context.Background()); err != nil {
+		return Result{}, err
+	}
+	r.oracle.finish()
+	return r.result(), nil
+}
+
+// loop fires events until the run's end.
+func (r *run) loop(ctx context.Context) error {
+	const progressEvery = 1 << 16
+	reported, events := int64(0), 0
 	for {
 		e, ok := r.q.next()
 		if !ok || e.at >= r.duration {
 			break
 		}
+		if events++; r.progress != nil && events%progressEvery == 0 {
+			r.progress(r.q.now - reported)
+			reported = r.q.now
+		}
 		switch e.kind {
 		case evArrival:
 			if err := r.arrive(ctx, e.idx); err != nil {
-				return Result{}, err
+				return err
 			}
+			r.scheduleArrival(e.idx, r.q.now)
+		case evSteady:
+			if err := r.arrive(ctx, r.steady.pick(r.traffic)); err != nil {
+				return err
+			}
+			r.scheduleSteady()
 		case evFlush:
-			var bits []crdt.Bit
-			if r.mits != nil {
-				bits = r.mits[e.idx].BitsDelta()
-			}
-			r.publish(e.idx, r.stores[e.idx].Delta(), bits)
-			if now := r.q.now; now-r.lastSweep[e.idx] >= r.window {
-				r.stores[e.idx].SweepAt(Epoch.UnixNano() + now)
-				r.lastSweep[e.idx] = now
-			}
-			r.q.schedule(event{at: r.q.now + int64(sc.FlushInterval), kind: evFlush, idx: e.idx})
+			r.flush(e.idx)
 		case evSnapshot:
-			r.publish(e.idx, r.stores[e.idx].Own(), nil)
-			r.q.schedule(event{at: r.q.now + int64(sc.SnapshotInterval), kind: evSnapshot, idx: e.idx})
+			r.publish(e.idx, r.stores[e.idx].Own(), nil, nil)
+			r.q.schedule(event{at: r.q.now + int64(r.sc.SnapshotInterval), kind: evSnapshot, idx: e.idx})
 		case evDeliver:
-			r.stores[e.idx].Apply(e.msg.slots)
-			if len(e.msg.bits) > 0 {
-				r.mits[e.idx].ApplyBits(e.msg.bits)
+			r.deliver(e.idx, e.msg)
+		case evHello:
+			r.hello(e.idx)
+		case evBeacon:
+			r.heard[e.idx][e.arg] = r.q.now
+		case evWatch:
+			r.watch(e.idx)
+		case evHeal:
+			h := healState{at: r.q.now, own: make([][]crdt.Slot, len(r.stores))}
+			for i, s := range r.stores {
+				h.own[i] = s.Own()
 			}
+			r.heals = append(r.heals, h)
+			r.q.schedule(event{at: r.q.now, kind: evConverge, idx: len(r.heals) - 1})
+		case evConverge:
+			r.converge(e.idx)
 		}
 	}
-	r.oracle.finish(r.duration)
-	return r.result(), nil
+	for i := range r.heals {
+		if !r.heals[i].done {
+			r.unconverged++
+		}
+	}
+	if r.progress != nil {
+		r.progress(r.duration - reported)
+	}
+	return nil
 }
 
-// scheduleArrival schedules source i's next request, a Poisson arrival after
-// from, unless it falls past the source's end.
-func (r *run) scheduleArrival(i int, from int64) {
-	s := &r.sc.Sources[i]
-	at := from + int64(r.traffic.ExpFloat64()/s.Rate*float64(time.Second))
-	if at < int64(s.End) {
-		r.q.schedule(event{at: at, kind: evArrival, idx: i})
+// flush publishes PoP p's delta and the bits it issued since its last
+// flush, and sweeps its store once a window.
+func (r *run) flush(p int) {
+	var bits []crdt.Bit
+	var issued []int64
+	if r.mits != nil {
+		bits = r.mits[p].BitsDelta()
+		// BitsDelta lists bits in the order Issue took them, the order
+		// arrive recorded their times.
+		issued = r.issuedAt[p][:min(len(bits), len(r.issuedAt[p]))]
+		r.issuedAt[p] = nil
+	}
+	r.publish(p, r.stores[p].Delta(), bits, issued)
+	if now := r.q.now; now-r.lastSweep[p] >= r.window {
+		r.stores[p].SweepAt(Epoch.UnixNano() + now + r.skew[p])
+		r.lastSweep[p] = now
+	}
+	r.q.schedule(event{at: r.q.now + int64(r.sc.FlushInterval), kind: evFlush, idx: p})
+}
+
+// deliver hands msg to PoP p's store and bit table.
+func (r *run) deliver(p int, msg *message) {
+	r.stores[p].Apply(msg.slots)
+	if len(msg.bits) == 0 {
+		return
+	}
+	r.mits[p].ApplyBits(msg.bits)
+	if !msg.got[p] {
+		msg.got[p] = true
+		for _, t := range msg.issuedAt {
+			r.bitDelays = append(r.bitDelays, r.q.now-t)
+		}
 	}
 }
 
-// arrive decides a request of source i at the PoP its spread picks, grades
-// the decision, and schedules the source's next request.
-func (r *run) arrive(ctx context.Context, i int) error {
-	s := &r.sc.Sources[i]
-	n := len(r.top.pops)
-	var p int
-	switch s.Spread {
-	case Anycast:
-		p = i % n
-		if s.PoP != "" {
-			for j, name := range r.top.pops {
-				if name == s.PoP {
-					p = j
+// hello sends PoP p's presence beacon to every PoP of the other regions.
+// Like core NATS, a beacon is lost, not held, on a cut link.
+func (r *run) hello(p int) {
+	a := r.top.region[p]
+	for j := range r.top.pops {
+		b := r.top.region[j]
+		if b == a {
+			continue
+		}
+		r.messages++
+		r.bytes += beaconSize
+		if r.top.healAt(a, b, r.q.now) > r.q.now || (r.sc.Loss > 0 && r.q.rand.Float64() < r.sc.Loss) {
+			continue
+		}
+		r.q.schedule(event{at: r.q.now + r.latency(a, b), kind: evBeacon, idx: j, arg: int32(a)})
+	}
+	r.q.schedule(event{at: r.q.now + int64(r.sc.HelloInterval), kind: evHello, idx: p})
+}
+
+// watch sets PoP p's share of global limits from the regions it hears, as
+// `edgelimit pop` does (region.Share over the regions heard within
+// UnreachableAfter).
+func (r *run) watch(p int) {
+	reachable := 0
+	for reg, at := range r.heard[p] {
+		if reg == r.top.region[p] || r.q.now-at <= int64(r.sc.UnreachableAfter) {
+			reachable++
+		}
+	}
+	share := region.Share(reachable, len(r.top.regions), r.sc.PartitionShare)
+	if share != r.share[p] {
+		r.engines[p].SetGlobalShare(share)
+		r.share[p] = share
+	}
+	r.q.schedule(event{at: r.q.now + watchInterval, kind: evWatch, idx: p})
+}
+
+// converge checks whether every PoP now holds every other PoP's counts as
+// they were when partition heal h healed, and records how long that took;
+// otherwise it checks again convergeStep later.
+func (r *run) converge(h int) {
+	hs := &r.heals[h]
+	// Windows every PoP still keeps, whatever its clock: those from the one
+	// before the current one on the fastest clock.
+	horizon := limit.WindowStart(Epoch.UnixNano()+r.q.now+r.maxSkew, r.window) - r.window
+	type slotKey struct {
+		key     string
+		window  int64
+		replica string
+	}
+	for j, s := range r.stores {
+		held := map[slotKey]uint64{}
+		for _, sl := range s.Remote() {
+			held[slotKey{sl.Key, sl.Window, sl.Replica}] = sl.Count
+		}
+		for q, own := range hs.own {
+			if q == j {
+				continue
+			}
+			for _, sl := range own {
+				if sl.Window >= horizon && held[slotKey{sl.Key, sl.Window, sl.Replica}] < sl.Count {
+					if next := r.q.now + convergeStep; next < r.duration {
+						r.q.schedule(event{at: next, kind: evConverge, idx: h})
+					}
+					return
 				}
 			}
 		}
+	}
+	hs.done = true
+	r.convergence = append(r.convergence, r.q.now-hs.at)
+}
+
+// scheduleSteady schedules the next arrival of the steady sources' stream.
+func (r *run) scheduleSteady() {
+	at := r.q.now + int64(r.traffic.ExpFloat64()/r.steady.total*float64(time.Second))
+	if at < r.duration {
+		r.q.schedule(event{at: at, kind: evSteady})
+	}
+}
+
+// scheduleArrival schedules source i's next request, a Poisson arrival after
+// from, unless it falls past the source's end. An arrival drawn inside an
+// off phase moves to the next on phase and is drawn again from there (the
+// exponential has no memory).
+func (r *run) scheduleArrival(i int, from int64) {
+	s := &r.srcs[i]
+	for {
+		at := from + int64(r.traffic.ExpFloat64()/s.rate*float64(time.Second))
+		if at >= s.end {
+			return
+		}
+		if s.on > 0 {
+			period := s.on + s.off
+			if ph := (at - s.start) % period; ph >= s.on {
+				from = at - ph + period
+				continue
+			}
+		}
+		r.q.schedule(event{at: at, kind: evArrival, idx: i})
+		return
+	}
+}
+
+// arrive decides a request of source i at the PoP its spread picks and
+// grades the decision.
+func (r *run) arrive(ctx context.Context, i int) error {
+	s := &r.srcs[i]
+	n := len(r.top.pops)
+	var p int
+	switch s.spread {
+	case Anycast:
+		p = s.pop
 	case Spray:
-		p = (i + r.rr[i]) % n
-		r.rr[i]++
+		p = (i + int(r.rr[i])) % n
+		r.rr[i] = int32((int(r.rr[i]) + 1) % n)
 	case Random:
 		p = r.traffic.IntN(n)
 	}
 	now := r.q.now
-	if err := r.engines[p].CheckAt(ctx, Epoch.Add(time.Duration(now)), &r.req, &r.res); err != nil {
+	var issued uint64
+	if r.mits != nil {
+		issued = r.mits[p].Stats().Issued
+	}
+	r.req.Descriptors[0].Entries[0].Value = r.keys[s.key]
+	clock := r.skew[p]
+	if r.strategy == Centralized {
+		clock = r.skew[0] // the central store decides on its own clock
+	}
+	if err := r.engines[p].CheckAt(ctx, Epoch.Add(time.Duration(now+clock)), &r.req, &r.res); err != nil {
 		return fmt.Errorf("simulate: %s at %v: %w", r.strategy, time.Duration(now), err)
 	}
-	r.oracle.decide(now, 1, r.res.Code == pop.OK)
+	if r.mits != nil {
+		for range r.mits[p].Stats().Issued - issued {
+			r.issuedAt[p] = append(r.issuedAt[p], now)
+		}
+	}
+	r.oracle.decide(s.key, now, 1, r.res.Code == pop.OK)
 	if r.strategy == Centralized {
 		r.latencyNs += 2 * r.top.base[r.top.region[p]][0]
 	}
-	r.scheduleArrival(i, now)
+	if r.replicated && r.share[p] < 1 {
+		r.reduced++
+	}
 	return nil
 }
 
-// publish sends slots from PoP p to every other PoP, as JetStream would
-// deliver them: after the latency between their regions (plus jitter), held
-// across a cut link until it heals, lost with probability Loss and
-// duplicated with probability Duplicate. Every copy handed to the network
-// counts as a message on the wire, sized as the DeltaBatch that carries it.
-func (r *run) publish(p int, slots []crdt.Slot, bits []crdt.Bit) {
+// publish sends slots and bits from PoP p to every other PoP, as JetStream
+// would deliver them: after the latency between their regions (plus
+// jitter), held across a cut link until it heals, lost with probability
+// Loss and duplicated with probability Duplicate. Every copy handed to the
+// network counts as a message on the wire, sized as the DeltaBatch (and
+// MitigationBatch) that carries it.
+func (r *run) publish(p int, slots []crdt.Slot, bits []crdt.Bit, issued []int64) {
 	if len(slots) == 0 && len(bits) == 0 {
 		return
 	}
 	r.seq++
 	size := int64(wireSize(r.top.pops[p], r.top.regions[r.top.region[p]], r.seq, Epoch.UnixNano()+r.q.now, slots))
+	msg := &message{from: p, slots: slots, bits: bits, issuedAt: issued}
 	if len(bits) > 0 {
 		size += int64(bitsSize(r.top.pops[p], bits))
+		msg.got = make([]bool, len(r.top.pops))
 	}
-	msg := &message{from: p, slots: slots, bits: bits}
 	for j := range r.top.pops {
 		if j == p {
 			continue
@@ -417,29 +809,94 @@ func bitsSize(replica string, bits []crdt.Bit) int {
 
 func (r *run) result() Result {
 	o := r.oracle
+	tk := &o.keys[o.tracked]
 	res := Result{
-		Strategy:       r.strategy.String(),
-		Decisions:      o.decisions,
-		Admitted:       o.admitted,
-		WorstOvershoot: o.worst,
-		FalseAllows:    o.falseAllow,
-		FalseDenies:    o.falseDeny,
-		Messages:       r.messages,
-		Bytes:          r.bytes,
-		TrueCrossing:   -1,
-		FirstDenial:    -1,
+		Strategy:         r.strategy.String(),
+		Decisions:        o.decisions,
+		Admitted:         o.admitted,
+		WorstOvershoot:   o.worst,
+		FalseAllows:      o.falseAllow,
+		FalseDenies:      o.falseDeny,
+		LegitDenies:      o.legitDeny,
+		Messages:         r.messages,
+		Bytes:            r.bytes,
+		TrueCrossing:     -1,
+		FirstDenial:      -1,
+		DenialLags:       quantiles(o.lags),
+		MitigationDelay:  quantiles(r.bitDelays),
+		Convergence:      quantiles(r.convergence),
+		Unconverged:      r.unconverged,
+		ReducedDecisions: r.reduced,
+		Series:           o.series,
+		Overshoot:        o.hist,
 	}
 	if o.fixedWindows > 0 {
 		res.MeanWindowExcess = float64(o.fixedExcess) / float64(o.fixedWindows)
 	}
-	if o.crossing >= 0 {
-		res.TrueCrossing = time.Duration(o.crossing)
+	if tk.crossing >= 0 {
+		res.TrueCrossing = time.Duration(tk.crossing)
 	}
-	if o.firstDeny >= 0 {
-		res.FirstDenial = time.Duration(o.firstDeny)
+	if tk.firstDeny >= 0 {
+		res.FirstDenial = time.Duration(tk.firstDeny)
 	}
 	if o.decisions > 0 {
 		res.AddedLatency = time.Duration(r.latencyNs / o.decisions)
 	}
 	return res
+}
+
+// alias picks one of n items in proportion to its weight in O(1): Vose's
+// alias method. The zero value is not usable; use newAlias.
+type alias struct {
+	prob  []float64
+	alt   []int32
+	items []int
+	total float64
+}
+
+// newAlias returns an alias table choosing items[i] with probability
+// weights[i] / Σ weights. Weights must be positive.
+func newAlias(weights []float64, items []int) *alias {
+	n := len(weights)
+	a := &alias{prob: make([]float64, n), alt: make([]int32, n), items: items}
+	for _, w := range weights {
+		a.total += w
+	}
+	scaled := make([]float64, n)
+	var small, large []int32
+	for i, w := range weights {
+		scaled[i] = w * float64(n) / a.total
+		if scaled[i] < 1 {
+			small = append(small, int32(i))
+		} else {
+			large = append(large, int32(i))
+		}
+	}
+	for len(small) > 0 && len(large) > 0 {
+		s, l := small[len(small)-1], large[len(large)-1]
+		small = small[:len(small)-1]
+		a.prob[s], a.alt[s] = scaled[s], l
+		scaled[l] -= 1 - scaled[s]
+		if scaled[l] < 1 {
+			large = large[:len(large)-1]
+			small = append(small, l)
+		}
+	}
+	// What is left is 1 up to rounding.
+	for _, i := range large {
+		a.prob[i] = 1
+	}
+	for _, i := range small {
+		a.prob[i] = 1
+	}
+	return a
+}
+
+// pick draws an item.
+func (a *alias) pick(rnd *rand.Rand) int {
+	i := rnd.IntN(len(a.prob))
+	if rnd.Float64() < a.prob[i] {
+		return a.items[i]
+	}
+	return a.items[a.alt[i]]
 }

@@ -3,6 +3,7 @@ package simulate
 import (
 	"bytes"
 	"math"
+	"math/rand/v2"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -17,6 +18,18 @@ func load(t testing.TB, name string) Scenario {
 		t.Fatal(err)
 	}
 	return sc
+}
+
+// shrink cuts a generated mix to at most sources sources, and the run to
+// at most d, so tests stay fast (they run under the race detector too).
+func shrink(sc *Scenario, sources int, d time.Duration) {
+	if sc.Mix != nil {
+		m := *sc.Mix
+		m.Sources = min(m.Sources, sources)
+		m.AbuseFor = min(m.AbuseFor, d/4)
+		sc.Mix = &m
+	}
+	sc.Duration = min(sc.Duration, d)
 }
 
 func table(t testing.TB, sc Scenario) (Report, []byte) {
@@ -35,9 +48,15 @@ func table(t testing.TB, sc Scenario) (Report, []byte) {
 // TestDeterministic runs every shipped scenario twice: the reports must be
 // byte-identical, and another seed must give another report.
 func TestDeterministic(t *testing.T) {
-	for _, name := range []string{"spray.yaml", "anycast.yaml", "partition.yaml"} {
+	names, err := filepath.Glob("scenarios/*.yaml")
+	if err != nil || len(names) < 7 {
+		t.Fatalf("shipped scenarios: %v %v", names, err)
+	}
+	for _, path := range names {
+		name := filepath.Base(path)
 		t.Run(name, func(t *testing.T) {
 			sc := load(t, name)
+			shrink(&sc, 1000, 10*time.Second)
 			_, a := table(t, sc)
 			_, b := table(t, sc)
 			if !bytes.Equal(a, b) {
@@ -145,6 +164,230 @@ func TestPartitionOvershootBound(t *testing.T) {
 	}
 }
 
+// TestPartitionShare: once a PoP has heard no beacon from the other region
+// for UnreachableAfter, it enforces only its region's share (½) of the global
+// limit, so that the two sides together admit about one limit. Within the
+// cut, after detection (UnreachableAfter + a beacon interval + a watch tick +
+// the latency) and one more window for what was admitted before it to age
+// out, the admitted count must stay within the uncut bound; with
+// partition_share 1 (each region enforces the whole limit, as without the
+// share) it must not.
+func TestPartitionShare(t *testing.T) {
+	sc := load(t, "partition.yaml")
+	sc.Loss = 0
+	p := sc.Partitions[0]
+	rep, out := table(t, sc)
+	t.Logf("\n%s", out)
+	_, bound := replicationBound(sc, rep, 0)
+	detect := sc.UnreachableAfter + sc.HelloInterval + time.Duration(watchInterval) + 100*time.Millisecond
+	from := p.Start + detect + time.Second // + one window
+	peak := func(r Result) int64 {
+		var m int64
+		for i, v := range r.Series {
+			at := time.Duration(i) * rep.SeriesStep
+			if at >= from && at+rep.SeriesStep <= p.End {
+				m = max(m, v)
+			}
+		}
+		return m
+	}
+	el := rep.Results[Edgelimit]
+	if el.ReducedDecisions == 0 {
+		t.Fatal("no decision was made at a reduced share during a 10 s partition")
+	}
+	if got := peak(el); float64(got) > float64(rep.Limit)+bound {
+		t.Errorf("during the detected partition edgelimit admitted %d in a window, above limit %d + bound %.0f", got, rep.Limit, bound)
+	}
+	sc.PartitionShare = 1
+	whole, err := Run(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := peak(whole.Results[Edgelimit]); float64(got) < 1.5*float64(rep.Limit) {
+		t.Errorf("with partition_share 1 the sides admitted only %d in a window during the cut; want about twice the limit %d", got, rep.Limit)
+	}
+}
+
+// TestConvergenceAfterHeal: without loss, every count a PoP held at the
+// heal reaches the other PoPs within one flush (to publish what was not yet
+// published) plus the largest one-way latency; and no sooner than the
+// smallest cross-region latency, since the cut held those counts back.
+func TestConvergenceAfterHeal(t *testing.T) {
+	sc := load(t, "partition.yaml")
+	sc.Loss = 0
+	rep, _ := table(t, sc)
+	var lmax time.Duration
+	lmin := time.Duration(math.MaxInt64)
+	for _, l := range sc.Latency {
+		lmax = max(lmax, time.Duration((l.Ms+l.JitterMs)*float64(time.Millisecond)))
+		if l.From != l.To {
+			lmin = min(lmin, time.Duration((l.Ms-l.JitterMs)*float64(time.Millisecond)))
+		}
+	}
+	for _, st := range []Strategy{Edgelimit, AsyncSync} {
+		c := rep.Results[st].Convergence
+		if c.N != 1 || rep.Results[st].Unconverged != 0 {
+			t.Fatalf("%s: %d heals converged, %d not; want 1 and 0", st, c.N, rep.Results[st].Unconverged)
+		}
+		if hi := sc.FlushInterval + lmax + time.Duration(convergeStep); c.Max < lmin || c.Max > hi {
+			t.Errorf("%s converged %v after the heal, want within [%v, %v]", st, c.Max, lmin, hi)
+		}
+	}
+	if rep.Results[LocalOnly].Convergence.N != 0 {
+		t.Error("local-only reports a convergence")
+	}
+}
+
+// TestMitigationDelayBound: a bit rides the issuing PoP's next flush, so
+// without loss it reaches every other PoP within FlushInterval + the largest
+// one-way latency of being issued.
+func TestMitigationDelayBound(t *testing.T) {
+	sc := load(t, "burst-minute.yaml")
+	rep, _ := table(t, sc)
+	d := rep.Results[Edgelimit].MitigationDelay
+	if d.N == 0 {
+		t.Fatal("no mitigation bit reached another PoP in burst-minute")
+	}
+	var lmax time.Duration
+	for _, l := range sc.Latency {
+		lmax = max(lmax, time.Duration((l.Ms+l.JitterMs)*float64(time.Millisecond)))
+	}
+	if d.Max > sc.FlushInterval+lmax {
+		t.Errorf("bit delay max %v exceeds flush %v + max latency %v", d.Max, sc.FlushInterval, lmax)
+	}
+	if rep.Results[AsyncSync].MitigationDelay.N != 0 {
+		t.Error("async-sync, which has no bits, reports bit delays")
+	}
+}
+
+// TestSkewBound: a PoP whose clock runs ahead starts the next window early,
+// and its hits there stay out of the other PoPs' estimates (they do not
+// count a window they have not reached) until their clocks get there; one
+// behind keeps counting into a window the others have left. So skew adds
+// to the staleness D of TestSprayOvershootBound the spread between the
+// fastest and the slowest clock. Skew must cost overshoot against the same
+// run with true clocks, and stay within that bound.
+func TestSkewBound(t *testing.T) {
+	sc := load(t, "skew.yaml")
+	rep, out := table(t, sc)
+	t.Logf("\n%s", out)
+	var lo, hi time.Duration
+	for _, d := range sc.ClockSkew {
+		lo, hi = min(lo, d), max(hi, d)
+	}
+	m, bound := replicationBound(sc, rep, 0)
+	extra := rep.OfferedPerSecond * (hi - lo).Seconds() * float64(rep.PoPs-1) / float64(rep.PoPs)
+	bound += extra + 3*math.Sqrt(m+extra) - 3*math.Sqrt(m)
+	el := rep.Results[Edgelimit]
+	if float64(el.WorstOvershoot) > bound {
+		t.Errorf("edgelimit worst overshoot %d with skewed clocks exceeds the bound %.0f", el.WorstOvershoot, bound)
+	}
+	sc.ClockSkew = nil
+	true_, err := Run(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := true_.Results[Edgelimit].WorstOvershoot; el.WorstOvershoot <= w {
+		t.Errorf("skew did not cost overshoot: %d skewed, %d with true clocks", el.WorstOvershoot, w)
+	}
+	if c := rep.Results[Centralized].WorstOvershoot; c > true_.Results[Centralized].WorstOvershoot {
+		t.Errorf("centralized decides on one clock, but skew changed its overshoot to %d", c)
+	}
+}
+
+// TestMix runs a shrunk mix.yaml (5,000 sources, a minute): many keys,
+// most well within their limits, a few abusive. Edgelimit must wrong
+// well-behaved clients no more than the sliding-window counter itself does
+// (centralized, same arrivals), static split must wrong far more of them
+// (it cuts every client's limit by the number of PoPs), and edgelimit's
+// worst overshoot must stay within TestSprayOvershootBound's bound for the
+// fastest single key.
+func TestMix(t *testing.T) {
+	sc := load(t, "mix.yaml")
+	shrink(&sc, 5000, time.Minute)
+	rep, out := table(t, sc)
+	t.Logf("\n%s", out)
+	if rep.Keys != sc.Mix.Sources || rep.Sources != sc.Mix.Sources {
+		t.Fatalf("%d sources and %d keys, want %d each", rep.Sources, rep.Keys, sc.Mix.Sources)
+	}
+	el, central, split, local := rep.Results[Edgelimit], rep.Results[Centralized], rep.Results[StaticSplit], rep.Results[LocalOnly]
+	if el.LegitDenies > central.LegitDenies+central.LegitDenies/10+5 {
+		t.Errorf("edgelimit denied well-behaved clients %d times, the sliding window counter alone %d", el.LegitDenies, central.LegitDenies)
+	}
+	if split.LegitDenies < 10*max(central.LegitDenies, 1) {
+		t.Errorf("static split denied well-behaved clients only %d times (centralized %d)", split.LegitDenies, central.LegitDenies)
+	}
+	if local.WorstOvershoot < 2*el.WorstOvershoot {
+		t.Errorf("local-only worst overshoot %d is not well above edgelimit's %d", local.WorstOvershoot, el.WorstOvershoot)
+	}
+	// The fastest key: an abusive spraying source at up to AbuseMax × the
+	// limit's rate.
+	spec, _, _ := sc.Limit.spec()
+	r := sc.Mix.AbuseMax * float64(spec.Limit) / time.Duration(spec.Window).Seconds()
+	one := rep
+	one.OfferedPerSecond = r
+	m, bound := replicationBound(sc, one, 0)
+	t.Logf("fastest key %.0f/s: m = %.1f, bound %.0f", r, m, bound)
+	if float64(el.WorstOvershoot) > bound {
+		t.Errorf("edgelimit worst overshoot %d exceeds the bound %.0f", el.WorstOvershoot, bound)
+	}
+	hist := int64(0)
+	for _, n := range el.Overshoot {
+		hist += n
+	}
+	if hist == 0 || el.Overshoot[0] < hist*9/10 {
+		t.Errorf("edgelimit overshoot histogram %v: want most windows without excess", el.Overshoot)
+	}
+}
+
+// TestAlias draws from an alias table and checks the frequencies against
+// the weights (each within 5 standard deviations).
+func TestAlias(t *testing.T) {
+	weights := []float64{1, 2, 3, 0.5, 10, 0.01}
+	items := []int{10, 11, 12, 13, 14, 15}
+	a := newAlias(weights, items)
+	rnd := rand.New(rand.NewPCG(1, 2))
+	const draws = 1_000_000
+	got := map[int]int{}
+	for range draws {
+		got[a.pick(rnd)]++
+	}
+	for i, w := range weights {
+		p := w / a.total
+		want := p * draws
+		sd := math.Sqrt(draws * p * (1 - p))
+		if diff := math.Abs(float64(got[items[i]]) - want); diff > 5*sd {
+			t.Errorf("item %d: %d draws, want %.0f ± %.0f", items[i], got[items[i]], want, 5*sd)
+		}
+	}
+}
+
+// TestOnOff: a source with on/off phases sends only in its on phases, at
+// its rate there.
+func TestOnOff(t *testing.T) {
+	sc := load(t, "spray.yaml")
+	sc.Sources = []Source{{Name: "blinker", Rate: 1000, Spread: Random, Start: time.Second, On: 2 * time.Second, Off: 3 * time.Second}}
+	sc.Limit.RequestsPerUnit = 1 << 30 // admit all: the series counts arrivals
+	rep, err := Run(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rep.Results[LocalOnly]
+	// Active: [1,3), [6,8), … [26,28): 6 phases of 2 s.
+	if want := 6 * 2 * 1000.0; math.Abs(float64(r.Decisions)-want) > 5*math.Sqrt(want) {
+		t.Errorf("%d decisions, want about %.0f", r.Decisions, want)
+	}
+	for i, v := range r.Series {
+		at := time.Duration(i) * rep.SeriesStep
+		ph := (at - time.Second) % (5 * time.Second)
+		// The series counts admissions in the last second, so it falls to
+		// zero a second after an on phase ends.
+		if at >= time.Second && ph >= 3*time.Second && ph+rep.SeriesStep <= 5*time.Second && v != 0 {
+			t.Fatalf("at %v (%v into a period) %d hits in the last second, want 0", at, ph, v)
+		}
+	}
+}
+
 func TestScenarioErrors(t *testing.T) {
 	base := `
 seed: 1
@@ -228,11 +471,19 @@ func equalInts(a, b []int) bool {
 }
 
 // BenchmarkRun reports simulated decisions per second of wall time, over all
-// four strategies of each shipped scenario.
+// strategies of each shipped scenario; mix-tenth is mix.yaml with a tenth of
+// its sources for a fifth of its time.
 func BenchmarkRun(b *testing.B) {
-	for _, name := range []string{"spray.yaml", "anycast.yaml", "partition.yaml"} {
+	for _, name := range []string{"spray.yaml", "anycast.yaml", "partition.yaml", "mix-tenth"} {
 		b.Run(strings.TrimSuffix(name, ".yaml"), func(b *testing.B) {
-			sc := load(b, name)
+			var sc Scenario
+			if name == "mix-tenth" {
+				sc = load(b, "mix.yaml")
+				sc.Mix.Sources /= 10
+				sc.Duration /= 5
+			} else {
+				sc = load(b, name)
+			}
 			b.ReportAllocs()
 			var decisions int64
 			for b.Loop() {

@@ -16,7 +16,7 @@ const usage = `edgelimit — an edge / multi-region rate limiter
 Usage:
   edgelimit pop  [flags]   run a point of presence: the HTTP check API
   edgelimit demo [flags]   a local multi-region deployment: NATS per region, PoPs as processes
-  edgelimit sim [-seed N] [--json] SCENARIO.yaml
+  edgelimit sim [-seed N] [--json] [--html FILE] SCENARIO.yaml
                            simulate a multi-region scenario; report overshoot per strategy
   edgelimit load [flags]   drive a PoP's check API with load and report req/s and latency
   edgelimit baseline [--listen ADDR]

@@ -5,27 +5,40 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/edgelimit/edgelimit/simulate"
 )
 
-const simUsage = `Usage: edgelimit sim [-seed N] [--json] SCENARIO.yaml
+const simUsage = `Usage: edgelimit sim [-seed N] [--json] [--html FILE] SCENARIO.yaml
 
 Runs a scenario (simulate/scenarios/ has examples) on a virtual clock with the
 real decision engine and CRDT code, once per strategy (edgelimit, local-only,
 static split, centralized), and reports overshoot against an exact oracle,
 false allows and denies, time to first denial, and messages on the wire.
 The same scenario and seed give a byte-identical report; the report prints
-its seed, and -seed N replays another.
+its seed, and -seed N replays another. --html FILE also writes the report as
+one self-contained HTML page with charts of the admitted rate against the
+limit and of the overshoot per window. While it runs, a progress bar is drawn
+on stderr when stderr is a terminal.
 
 Flags:
 `
 
 func runSim(args []string, stdout, stderr io.Writer) error {
+	return runSimTo(args, stdout, stderr, isTerminal(stderr))
+}
+
+// runSimTo is runSim with the decision whether stderr is a terminal, where
+// the progress bar goes, made by the caller.
+func runSimTo(args []string, stdout, stderr io.Writer, tty bool) error {
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	seed := fs.Uint64("seed", 0, "random seed (0: the scenario's own)")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a table")
+	htmlFile := fs.String("html", "", "also write the report as an HTML page with charts to `FILE`")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), simUsage)
 		fs.PrintDefaults()
@@ -46,14 +59,48 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	if *seed != 0 {
 		sc.Seed = *seed
 	}
-	rep, err := simulate.Run(sc)
+	// Open the page's file before the run, so that a path that cannot be
+	// written fails at once rather than after the simulation.
+	var page *os.File
+	if *htmlFile != "" {
+		if page, err = os.Create(*htmlFile); err != nil {
+			return fmt.Errorf("--html: cannot write the report: %w", err)
+		}
+		defer page.Close()
+	}
+	name := sc.Name
+	if name == "" {
+		name = strings.TrimSuffix(filepath.Base(fs.Arg(0)), filepath.Ext(fs.Arg(0)))
+	}
+	bar := newProgress(stderr, tty, "sim "+name)
+	var opt simulate.Options
+	if bar != nil {
+		opt.Progress = bar.update
+	}
+	rep, err := simulate.RunWith(sc, opt)
+	bar.finish()
 	if err != nil {
+		if page != nil {
+			page.Close()
+			os.Remove(page.Name()) // it was created empty for this run
+		}
 		return err
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		err = enc.Encode(rep)
+	} else {
+		err = rep.WriteTable(stdout)
 	}
-	return rep.WriteTable(stdout)
+	if err != nil || page == nil {
+		return err
+	}
+	if err := rep.WriteHTML(page); err != nil {
+		return fmt.Errorf("--html: writing the report: %w", err)
+	}
+	if err := page.Close(); err != nil {
+		return fmt.Errorf("--html: writing the report: %w", err)
+	}
+	return nil
 }

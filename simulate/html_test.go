@@ -1,0 +1,319 @@
+package simulate
+
+import (
+	"bytes"
+	"encoding/xml"
+	"io"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// htmlElement is one start tag of a parsed page.
+type htmlElement struct {
+	name  string
+	attrs map[string]string
+	text  string // character data directly inside, for text and title
+}
+
+// parseHTML checks that page is well-formed XML — every tag closed, in
+// order, attributes quoted — which the page is written to be, and returns
+// its elements in document order.
+func parseHTML(t *testing.T, page []byte) []htmlElement {
+	t.Helper()
+	d := xml.NewDecoder(bytes.NewReader(page))
+	d.Strict = true
+	d.Entity = xml.HTMLEntity
+	var els []htmlElement
+	var open []int // indexes in els of the open elements
+	for {
+		tok, err := d.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("page is not well-formed: %v", err)
+		}
+		switch tok := tok.(type) {
+		case xml.StartElement:
+			e := htmlElement{name: tok.Name.Local, attrs: map[string]string{}}
+			for _, a := range tok.Attr {
+				e.attrs[a.Name.Local] = a.Value
+			}
+			els = append(els, e)
+			open = append(open, len(els)-1)
+		case xml.EndElement:
+			open = open[:len(open)-1]
+		case xml.CharData:
+			if len(open) > 0 {
+				els[open[len(open)-1]].text += string(tok)
+			}
+		}
+	}
+	if len(open) != 0 {
+		t.Fatalf("%d elements left open", len(open))
+	}
+	return els
+}
+
+func renderHTML(t *testing.T, rep Report) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	if err := rep.WriteHTML(&b); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+func findElements(els []htmlElement, name, class string) []htmlElement {
+	var out []htmlElement
+	for _, e := range els {
+		if e.name == name && (class == "" || e.attrs["class"] == class) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// syntheticHTMLReport has a limit of 100, series peaking at exactly 200 (so the
+// y axis runs 0–200 and the limit sits halfway up) and a histogram each.
+func syntheticHTMLReport() Report {
+	rep := Report{
+		Scenario: "synthetic", Seed: 7, Duration: 3 * time.Second, Limit: 100,
+		Unit: "second", Algorithm: "sliding_window", PoPs: 4, Regions: 2,
+		OfferedPerSecond: 500, FlushInterval: 50 * time.Millisecond,
+		Tracked: "t1", SeriesStep: 250 * time.Millisecond,
+	}
+	lengths := []int{12, 12, 12, 12, 7} // the last one stops early
+	for i, st := range Strategies {
+		r := Result{Strategy: st.String(), Series: make([]int64, lengths[i])}
+		for j := range r.Series {
+			r.Series[j] = int64(50 + 25*i + j)
+		}
+		r.Series[0] = 200
+		r.Overshoot = make([]int64, len(OvershootBuckets)+1)
+		r.Overshoot[0] = 3
+		r.Overshoot[i+1] = 1 // 25% of this strategy's windows
+		rep.Results = append(rep.Results, r)
+	}
+	return rep
+}
+
+func parseCoord(t *testing.T, s string) float64 {
+	t.Helper()
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		t.Fatalf("not a number: %q", s)
+	}
+	return v
+}
+
+// TestHTMLCharts renders a synthetic report and checks the page's structure
+// and geometry: one polyline per strategy with one point per sample, the
+// limit line halfway up a 0–200 axis, bars sized by share, bucket labels.
+func TestHTMLCharts(t *testing.T) {
+	rep := syntheticHTMLReport()
+	page := renderHTML(t, rep)
+	els := parseHTML(t, page)
+
+	if n := len(findElements(els, "svg", "")); n != 2 {
+		t.Fatalf("%d svg charts, want 2", n)
+	}
+	if n := len(findElements(els, "script", "")) + len(findElements(els, "link", "")) + len(findElements(els, "img", "")); n != 0 {
+		t.Fatalf("%d script, link or img elements: the page must be self-contained", n)
+	}
+	if bytes.Contains(page, []byte("http://")) && bytes.Count(page, []byte("http://")) != bytes.Count(page, []byte(`xmlns="http://www.w3.org/2000/svg"`)) {
+		t.Fatal("the page refers to an external resource")
+	}
+
+	polys := findElements(els, "polyline", "")
+	if len(polys) != len(rep.Results) {
+		t.Fatalf("%d polylines, want one per strategy (%d)", len(polys), len(rep.Results))
+	}
+	colors := map[string]bool{}
+	for i, p := range polys {
+		r := rep.Results[i]
+		if p.attrs["data-strategy"] != r.Strategy {
+			t.Fatalf("polyline %d is %q, want %q", i, p.attrs["data-strategy"], r.Strategy)
+		}
+		pts := strings.Fields(p.attrs["points"])
+		if len(pts) != len(r.Series) {
+			t.Fatalf("%s: %d points, want %d", r.Strategy, len(pts), len(r.Series))
+		}
+		// The first sample is 200, the top of the axis.
+		if y := parseCoord(t, strings.Split(pts[0], ",")[1]); y != plotTop {
+			t.Fatalf("%s: the sample of 200 is at y %v, want the top %d", r.Strategy, y, plotTop)
+		}
+		// Samples sit at the middle of their step, left to right.
+		x0 := parseCoord(t, strings.Split(pts[0], ",")[0])
+		x1 := parseCoord(t, strings.Split(pts[1], ",")[0])
+		if want := plotLeft + float64(plotW)*0.125/3; absFloat(x0-want) > 0.051 || x1 <= x0 {
+			t.Fatalf("%s: first points at x %v, %v; want the first at %.1f", r.Strategy, x0, x1, want)
+		}
+		colors[p.attrs["stroke"]] = true
+	}
+	if len(colors) != len(polys) {
+		t.Fatalf("strategies share colours: %v", colors)
+	}
+
+	limit := findElements(els, "line", "limit")
+	if len(limit) != 1 {
+		t.Fatalf("%d limit lines, want 1", len(limit))
+	}
+	want := float64(plotTop) + float64(plotH)/2
+	if y1, y2 := parseCoord(t, limit[0].attrs["y1"]), parseCoord(t, limit[0].attrs["y2"]); y1 != want || y2 != want {
+		t.Fatalf("limit line at y %v–%v, want %v (100 on a 0–200 axis)", y1, y2, want)
+	}
+	ticks := map[string]bool{}
+	for _, e := range findElements(els, "text", "tick") {
+		ticks[e.text] = true
+	}
+	for _, l := range []string{"0", "100", "200", "0.5", "3.0", "25", "≤1%", "1–5%", "100–200%", ">200%"} {
+		if !ticks[l] {
+			t.Errorf("no tick label %q in %v", l, ticks)
+		}
+	}
+
+	// Bars: 3/4 of each strategy's windows in bucket 0, left out of the
+	// chart, and 1/4 in one other bucket, on an axis to 25%: one full-height
+	// bar per strategy, each in its own bucket.
+	bars := findElements(els, "rect", "bar")
+	if len(bars) != len(rep.Results) {
+		t.Fatalf("%d bars, want %d", len(bars), len(rep.Results))
+	}
+	prevX := -1.0
+	for _, b := range bars {
+		h := parseCoord(t, b.attrs["height"])
+		if absFloat(h-float64(plotH)) > 0.051 {
+			t.Fatalf("bar of height %v, want %v", h, plotH)
+		}
+		x := parseCoord(t, b.attrs["x"])
+		if x <= prevX+float64(plotW)/float64(len(OvershootBuckets))/2 {
+			t.Fatalf("bar at x %v not in a later bucket than the one at %v", x, prevX)
+		}
+		prevX = x
+	}
+	if !bytes.Contains(page, []byte("<td>75.00</td>")) {
+		t.Fatal("the counts table does not show 75.00% in bucket 0")
+	}
+	if !bytes.Contains(page, []byte("<pre>scenario synthetic  seed 7")) {
+		t.Fatal("the page does not embed the text table")
+	}
+}
+
+func absFloat(v float64) float64 {
+	if v < 0 {
+		return -v
+	}
+	return v
+}
+
+// TestHTMLEscapes puts markup in every string a report carries: none of it
+// may reach the page as markup.
+func TestHTMLEscapes(t *testing.T) {
+	rep := syntheticHTMLReport()
+	evil := `<script>alert("x")</script>`
+	rep.Scenario, rep.Tracked, rep.Unit, rep.Algorithm = evil, evil, evil, evil
+	rep.Results[0].Strategy = evil
+	page := renderHTML(t, rep)
+	if bytes.Contains(bytes.ToLower(page), []byte("<script")) {
+		t.Fatal("markup from the report reached the page unescaped")
+	}
+	if !bytes.Contains(page, []byte("&lt;script&gt;")) {
+		t.Fatal("the scenario name is missing from the page")
+	}
+	els := parseHTML(t, page)
+	if n := len(findElements(els, "script", "")); n != 0 {
+		t.Fatalf("%d script elements", n)
+	}
+	if got := findElements(els, "h1", "")[0].text; got != "edgelimit sim: "+evil {
+		t.Fatalf("heading %q", got)
+	}
+}
+
+var htmlNotFinite = regexp.MustCompile(`NaN|[+-]?Inf\b`)
+
+// TestHTMLEmpty renders reports with nothing to chart: empty and short
+// series, zero and malformed histograms, no limit, no step, no duration.
+// The page must stay well-formed, say there is no data, and carry no NaN or
+// Inf.
+func TestHTMLEmpty(t *testing.T) {
+	full := syntheticHTMLReport()
+	cases := map[string]Report{
+		"no results": {Scenario: "empty"},
+		"nothing measured": func() Report {
+			rep := full
+			rep.Results = nil
+			rep.Limit, rep.SeriesStep, rep.Duration = 0, 0, 0
+			for _, st := range Strategies {
+				rep.Results = append(rep.Results, Result{Strategy: st.String()})
+			}
+			return rep
+		}(),
+		"zero and short": func() Report {
+			rep := full
+			rep.Results = nil
+			rep.SeriesStep = 0
+			for i, st := range Strategies {
+				r := Result{Strategy: st.String(), Series: make([]int64, i%2), Overshoot: make([]int64, i)}
+				rep.Results = append(rep.Results, r)
+			}
+			return rep
+		}(),
+	}
+	for name, rep := range cases {
+		t.Run(name, func(t *testing.T) {
+			page := renderHTML(t, rep)
+			els := parseHTML(t, page)
+			if m := htmlNotFinite.Find(page); m != nil {
+				t.Fatalf("page contains %q", m)
+			}
+			if n := len(findElements(els, "svg", "")); n != 2 {
+				t.Fatalf("%d charts, want 2 even without data", n)
+			}
+			notes := 2 // one per chart
+			if name == "zero and short" {
+				notes = 1 // the one-sample series are drawn, as dots
+				if n := len(findElements(els, "circle", "")); n != 2 {
+					t.Fatalf("%d dots, want 2 for the 2 one-sample series", n)
+				}
+			}
+			if n := len(findElements(els, "text", "note")); n != notes {
+				t.Fatalf("%d notes, want %d", n, notes)
+			}
+			for _, e := range els {
+				for k, v := range e.attrs {
+					if (k == "x" || k == "y" || k == "y1" || k == "height" || k == "width") && v == "" {
+						t.Fatalf("<%s> has an empty %s", e.name, k)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestHTMLDeterministic renders two runs of spray.yaml: same bytes.
+func TestHTMLDeterministic(t *testing.T) {
+	sc := load(t, "spray.yaml")
+	a, _ := table(t, sc)
+	b, _ := table(t, sc)
+	pa, pb := renderHTML(t, a), renderHTML(t, b)
+	if !bytes.Equal(pa, pb) {
+		t.Fatal("two runs of the same scenario and seed render different pages")
+	}
+	parseHTML(t, pa)
+	if m := htmlNotFinite.Find(pa); m != nil {
+		t.Fatalf("page contains %q", m)
+	}
+	if !bytes.Contains(pa, []byte("edgelimit sim: spray")) {
+		t.Fatal("no title")
+	}
+	if out := os.Getenv("EDGELIMIT_HTML_OUT"); out != "" { // to look at it
+		if err := os.WriteFile(out, pa, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
