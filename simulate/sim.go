@@ -846,25 +846,31 @@ func (r *run) result() Result {
 }
 
 // alias picks one of n items in proportion to its weight in O(1): Vose's
-// alias method. The zero value is not usable; use newAlias.
+// alias method. Each entry packs what a pick reads, so that a pick from a
+// large table costs one cache miss, not three. The zero value is not usable;
+// use newAlias.
 type alias struct {
-	prob  []float64
-	alt   []int32
-	items []int
+	tab   []aliasEntry
 	total float64
+}
+
+type aliasEntry struct {
+	prob      float64
+	item, alt int32 // the entry's own item, and the item it hands over to
 }
 
 // newAlias returns an alias table choosing items[i] with probability
 // weights[i] / Σ weights. Weights must be positive.
 func newAlias(weights []float64, items []int) *alias {
 	n := len(weights)
-	a := &alias{prob: make([]float64, n), alt: make([]int32, n), items: items}
+	a := &alias{tab: make([]aliasEntry, n)}
 	for _, w := range weights {
 		a.total += w
 	}
 	scaled := make([]float64, n)
 	var small, large []int32
 	for i, w := range weights {
+		a.tab[i] = aliasEntry{prob: 1, item: int32(items[i]), alt: int32(items[i])}
 		scaled[i] = w * float64(n) / a.total
 		if scaled[i] < 1 {
 			small = append(small, int32(i))
@@ -875,28 +881,22 @@ func newAlias(weights []float64, items []int) *alias {
 	for len(small) > 0 && len(large) > 0 {
 		s, l := small[len(small)-1], large[len(large)-1]
 		small = small[:len(small)-1]
-		a.prob[s], a.alt[s] = scaled[s], l
+		a.tab[s].prob, a.tab[s].alt = scaled[s], int32(items[l])
 		scaled[l] -= 1 - scaled[s]
 		if scaled[l] < 1 {
 			large = large[:len(large)-1]
 			small = append(small, l)
 		}
 	}
-	// What is left is 1 up to rounding.
-	for _, i := range large {
-		a.prob[i] = 1
-	}
-	for _, i := range small {
-		a.prob[i] = 1
-	}
+	// What is left keeps probability 1 (its share is 1 up to rounding).
 	return a
 }
 
 // pick draws an item.
 func (a *alias) pick(rnd *rand.Rand) int {
-	i := rnd.IntN(len(a.prob))
-	if rnd.Float64() < a.prob[i] {
-		return a.items[i]
+	e := &a.tab[rnd.IntN(len(a.tab))]
+	if rnd.Float64() < e.prob {
+		return int(e.item)
 	}
-	return a.items[a.alt[i]]
+	return int(e.alt)
 }
