@@ -14,8 +14,9 @@ import (
 const mitShards = 64
 
 // DefaultMinMitigation is the shortest bit worth issuing. A bit must reach
-// the other PoPs before it ends to be of use, and it rides the next flush
-// (100 ms) plus the network: a key that is over a per-second limit only
+// the other PoPs before it ends to be of use, and it takes replication's
+// BitsInterval (10 ms) plus the network, often more than 100 ms across
+// regions, to get there: a key that is over a per-second limit only
 // until its next slot frees (often a millisecond under steady overload) is
 // left to the counts, which replicate anyway.
 const DefaultMinMitigation = time.Second
@@ -38,7 +39,8 @@ type Mitigations struct {
 	seed    maphash.Seed
 	shards  [mitShards]mitShard
 	pmu     sync.Mutex
-	pending []crdt.Bit // issued or extended here since the last BitsDelta
+	pending []crdt.Bit    // issued or extended here since the last BitsDelta
+	issuedC chan struct{} // a token after pending grew (BitsIssued)
 
 	issued, applied atomic.Uint64
 }
@@ -57,7 +59,7 @@ type mitBit struct {
 
 // NewMitigations returns an empty table for the PoP named self.
 func NewMitigations(self string) *Mitigations {
-	m := &Mitigations{MinDuration: DefaultMinMitigation, self: self, seed: maphash.MakeSeed()}
+	m := &Mitigations{MinDuration: DefaultMinMitigation, self: self, seed: maphash.MakeSeed(), issuedC: make(chan struct{}, 1)}
 	for i := range m.shards {
 		m.shards[i].m = make(map[string]mitBit)
 	}
@@ -103,8 +105,18 @@ func (m *Mitigations) Issue(key []byte, scope limit.Scope, until, now int64) boo
 	m.pmu.Lock()
 	m.pending = append(m.pending, crdt.Bit{Key: string(key), Scope: uint8(scope), Until: until, Origin: m.self})
 	m.pmu.Unlock()
+	select { // one token is enough: the reader takes every pending bit
+	case m.issuedC <- struct{}{}:
+	default:
+	}
 	return true
 }
+
+// BitsIssued returns a channel that receives after Issue recorded a bit for
+// BitsDelta to return, so that replication can publish it at once instead of
+// at the next flush (replication.BitsNotifier). Issues while a token waits
+// add none.
+func (m *Mitigations) BitsIssued() <-chan struct{} { return m.issuedC }
 
 // join keeps the later bit; requires nothing held.
 func (m *Mitigations) join(key string, b mitBit) bool {

@@ -197,3 +197,40 @@ func TestGlobalShare(t *testing.T) {
 		t.Fatal("share 1 did not restore the full limit")
 	}
 }
+
+// TestBitsIssued: an issued bit leaves one token for replication to publish
+// it at once; further issues before the token is taken add none and never
+// block; an issue that changes nothing (too short, or a small extension)
+// leaves no token.
+func TestBitsIssued(t *testing.T) {
+	m := NewMitigations("p1")
+	c := m.BitsIssued()
+	now := int64(1e18)
+	tokens := func() int {
+		n := 0
+		for {
+			select {
+			case <-c:
+				n++
+			default:
+				return n
+			}
+		}
+	}
+	if !m.Issue([]byte("a"), limit.ScopeGlobal, now+int64(time.Minute), now) || !m.Issue([]byte("b"), limit.ScopeGlobal, now+int64(time.Minute), now) {
+		t.Fatal("fresh bits not issued")
+	}
+	if n := tokens(); n != 1 {
+		t.Fatalf("%d tokens after two issues, want 1", n)
+	}
+	if got := len(m.BitsDelta()); got != 2 {
+		t.Fatalf("BitsDelta returned %d bits, want 2", got)
+	}
+	if m.Issue([]byte("c"), limit.ScopeGlobal, now+int64(time.Millisecond), now) ||
+		m.Issue([]byte("a"), limit.ScopeGlobal, now+int64(time.Minute)+1, now) {
+		t.Fatal("a too-short bit or a tiny extension was issued")
+	}
+	if n := tokens(); n != 0 {
+		t.Fatalf("%d tokens after issues that changed nothing, want 0", n)
+	}
+}

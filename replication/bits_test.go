@@ -350,3 +350,55 @@ func TestBitsSnapshot(t *testing.T) {
 		t.Error("fra1: published no snapshot bits")
 	}
 }
+
+// notifyBits is a memBits that tells when it issues (replication.BitsNotifier).
+type notifyBits struct {
+	*memBits
+	issued chan struct{}
+}
+
+func (n *notifyBits) Issue(key string, scope uint8, until time.Time) crdt.Bit {
+	b := n.memBits.Issue(key, scope, until)
+	select {
+	case n.issued <- struct{}{}:
+	default:
+	}
+	return b
+}
+
+func (n *notifyBits) BitsIssued() <-chan struct{} { return n.issued }
+
+// TestBitsPublishedOnIssue: with a BitsNotifier, a bit goes out when it is
+// issued, not with the next flush. Flushes every 10 s and snapshots every
+// 30 s here, so a bit that reaches the other region within 2 s of its issue
+// can only have been published on issue.
+func TestBitsPublishedOnIssue(t *testing.T) {
+	topo := topology(map[string][]string{"eu": {"fra1"}, "us": {"iad1"}})
+	c := natstest.StartRegions(t, "eu", "us")
+	bits := map[string]*notifyBits{}
+	for _, region := range []string{"eu", "us"} {
+		name := topo.Regions[region][0]
+		nb := &notifyBits{memBits: &memBits{pop: name}, issued: make(chan struct{}, 1)}
+		bits[name] = nb
+		startPoP(t, c, topo, region, name, nil, func(cfg *replication.Config) {
+			cfg.Bits = nb
+			cfg.FlushInterval, cfg.SnapshotInterval = 10*time.Second, 30*time.Second
+		})
+	}
+	time.Sleep(1500 * time.Millisecond) // let the start-up snapshots go by
+	for i := range 3 {
+		issued := time.Now()
+		want := bits["fra1"].Issue(fmt.Sprintf("key-%d", i), scopeGlobal, issued.Add(time.Minute))
+		took, err := waitFor(2*time.Second, func() error {
+			got, ok := bits["iad1"].Get(want.Key, want.Scope)
+			if !ok || got != want {
+				return fmt.Errorf("iad1 holds %v (%v), want %v", got, ok, want)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("bit %d not across within 2 s of its issue (flush interval 10 s): %v", i, err)
+		}
+		t.Logf("bit %d at the other region %v after its issue", i, took)
+	}
+}

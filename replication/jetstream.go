@@ -46,6 +46,7 @@ const (
 	defaultFlush   = 100 * time.Millisecond
 	defaultSnap    = 5 * time.Second
 	defaultHello   = 500 * time.Millisecond
+	defaultBits    = 10 * time.Millisecond
 	defaultMaxAge  = 2 * time.Minute
 	defaultAckWait = 2 * time.Second
 	maxMessage     = 1 << 20 // bytes; NATS's default max payload
@@ -107,10 +108,17 @@ type Config struct {
 	Counts Counts
 	// Bits is the PoP's mitigation bit table; nil means the PoP neither
 	// publishes nor applies bits (it still reads and counts bit messages).
-	// Every FlushInterval the Replicator publishes Bits.BitsDelta, and it
-	// passes other PoPs' bits that concern this PoP to Bits.ApplyBits: global
-	// bits from any PoP, region bits from PoPs of this region only.
+	// Every FlushInterval the Replicator publishes Bits.BitsDelta — at once
+	// when Bits is a BitsNotifier that reports an issue, see BitsInterval —
+	// and it passes other PoPs' bits that concern this PoP to
+	// Bits.ApplyBits: global bits from any PoP, region bits from PoPs of
+	// this region only.
 	Bits Bits
+	// BitsInterval is the least time between two publications of bits
+	// issued between flushes (Bits a BitsNotifier); bits issued meanwhile
+	// wait and go together, so that a storm of issues makes at most one
+	// message per interval. Default 10 ms.
+	BitsInterval time.Duration
 
 	// FlushInterval is how often the PoP publishes its delta; default 100 ms.
 	FlushInterval time.Duration
@@ -310,6 +318,7 @@ func New(cfg Config) (*Replicator, error) {
 		{&cfg.FlushInterval, defaultFlush},
 		{&cfg.SnapshotInterval, defaultSnap},
 		{&cfg.HelloInterval, defaultHello},
+		{&cfg.BitsInterval, defaultBits},
 		{&cfg.AckTimeout, defaultAckWait},
 		{&cfg.MaxAge, defaultMaxAge},
 	} {
@@ -527,9 +536,35 @@ func (r *Replicator) loop(ctx context.Context) {
 	defer snap.Stop()
 	hello := time.NewTicker(r.cfg.HelloInterval)
 	defer hello.Stop()
+	// Bits issued between flushes go out at once, at most one batch per
+	// BitsInterval: an issue within the interval arms bitsDue instead.
+	var issued <-chan struct{}
+	if n, ok := r.cfg.Bits.(BitsNotifier); ok {
+		issued = n.BitsIssued()
+	}
+	bitsDue := time.NewTimer(time.Hour)
+	bitsDue.Stop()
+	defer bitsDue.Stop()
+	var lastBits time.Time
+	armed := false
 	r.sayHello()
 	for {
 		select {
+		case <-issued:
+			if armed {
+				continue
+			}
+			if wait := r.cfg.BitsInterval - time.Since(lastBits); wait > 0 {
+				bitsDue.Reset(wait)
+				armed = true
+				continue
+			}
+			r.flushBits(ctx)
+			lastBits = time.Now()
+		case <-bitsDue.C:
+			armed = false
+			r.flushBits(ctx)
+			lastBits = time.Now()
 		case <-ctx.Done():
 			final, cancel := context.WithTimeout(context.Background(), r.cfg.AckTimeout)
 			r.flushBits(final)

@@ -57,3 +57,16 @@ type Bits interface {
 	// wins. The caller passes only bits whose scope concerns this PoP.
 	ApplyBits(bits []crdt.Bit)
 }
+
+// BitsNotifier is a Bits that says when it issues a bit. The Replicator then
+// publishes bits as soon as they are issued (at most one batch per
+// Config.BitsInterval) instead of with the next flush: a bit is worth most
+// when it reaches the other PoPs before the counts that tell the same story,
+// which wait for the flush.
+type BitsNotifier interface {
+	Bits
+	// BitsIssued returns a channel that receives (without blocking the
+	// issuer, so several issues may yield one receive) after BitsDelta has
+	// something new.
+	BitsIssued() <-chan struct{}
+}

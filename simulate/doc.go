@@ -33,8 +33,9 @@
 // messages (lost, not held, on a cut link); a PoP that hears no beacon from a
 // region for UnreachableAfter enforces only region.Share of the global limit,
 // as `edgelimit pop` does. Each PoP may run on a skewed clock (ClockSkew).
-// Mitigation bits ride the flush; the run records how long each took from
-// the hit that issued it to every other PoP. After a partition heals, it
+// Mitigation bits go out when issued (at most once per BitsInterval, as
+// replication does with a BitsNotifier); the run records how long each took
+// from the hit that issued it to every other PoP. After a partition heals, it
 // records how long until every PoP holds every other PoP's counts as they
 // were at the heal.
 //

@@ -9,6 +9,7 @@ const (
 	evArrival  eventKind = iota // a request of source idx arrives
 	evSteady                    // a request of one of the steady sources arrives
 	evFlush                     // PoP idx publishes its delta
+	evBits                      // PoP idx publishes the bits it issued since the last time
 	evSnapshot                  // PoP idx publishes its full own state (anti-entropy)
 	evDeliver                   // msg reaches PoP idx
 	evHello                     // PoP idx sends its presence beacon

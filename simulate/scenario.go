@@ -37,6 +37,10 @@ type Scenario struct {
 	// Duplicate is the probability that a message to one PoP arrives twice.
 	Duplicate  float64     `yaml:"duplicate"`
 	Partitions []Partition `yaml:"partitions"`
+	// BitsInterval is replication's BitsInterval: a PoP publishes the
+	// mitigation bits it issues at once, at most once per BitsInterval;
+	// default 10ms.
+	BitsInterval time.Duration `yaml:"bits_interval"`
 	// HelloInterval is how often each PoP sends a presence beacon to the
 	// other regions (replication's HelloInterval); default 500ms. Beacons
 	// travel like core NATS messages: one sent across a cut link is lost,
@@ -270,6 +274,12 @@ func (sc *Scenario) Validate() error {
 		if p.Start < 0 || p.End <= p.Start {
 			return fmt.Errorf("partitions[%d]: need 0 ≤ start < end, got start %v end %v", i, p.Start, p.End)
 		}
+	}
+	if sc.BitsInterval == 0 {
+		sc.BitsInterval = 10 * time.Millisecond
+	}
+	if sc.BitsInterval < 0 {
+		return fmt.Errorf("bits_interval: must be positive, got %v", sc.BitsInterval)
 	}
 	if sc.HelloInterval == 0 {
 		sc.HelloInterval = 500 * time.Millisecond

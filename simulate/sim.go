@@ -31,9 +31,9 @@ const (
 	// Edgelimit is edgelimit as built: a global-scope limit in every PoP's
 	// embedded store, CRDT deltas flushed every FlushInterval through the
 	// simulated network and joined by the other PoPs, and mitigation bits:
-	// a PoP that finds the key over the limit issues a bit, sent with its
-	// next flush, and every PoP that holds it denies without counting until
-	// the bit ends.
+	// a PoP that finds the key over the limit issues a bit, published at once
+	// (at most once per BitsInterval), and every PoP that holds it denies
+	// without counting until the bit ends.
 	Edgelimit Strategy = iota
 	// AsyncSync is Edgelimit without mitigation bits: CRDT deltas only.
 	AsyncSync
@@ -295,6 +295,8 @@ type run struct {
 
 	issuedAt  [][]int64 // per PoP: issue times of bits not yet flushed
 	bitDelays []int64   // issue → delivery at another PoP, per bit and PoP
+	bitsArmed []bool    // per PoP: an evBits is scheduled
+	lastBits  []int64   // per PoP: when bits were last published on issue
 
 	heals       []healState
 	convergence []int64
@@ -431,6 +433,10 @@ func runStrategy(sc *Scenario, top *topology, srcs []source, keys []string, tk i
 				if r.mits == nil {
 					r.mits = make([]*pop.Mitigations, n)
 					r.issuedAt = make([][]int64, n)
+					r.bitsArmed, r.lastBits = make([]bool, n), make([]int64, n)
+					for j := range r.lastBits {
+						r.lastBits[j] = math.MinInt64 / 2
+					}
 				}
 				r.mits[i] = pop.NewMitigations(top.pops[i])
 				r.engines[i].UseMitigations(r.mits[i])
@@ -527,6 +533,9 @@ func (r *run) loop(ctx context.Context) error {
 			r.scheduleSteady()
 		case evFlush:
 			r.flush(e.idx)
+		case evBits:
+			r.bitsArmed[e.idx], r.lastBits[e.idx] = false, r.q.now
+			r.publishBits(e.idx, nil)
 		case evSnapshot:
 			r.publish(e.idx, r.stores[e.idx].Own(), nil, nil)
 			r.q.schedule(event{at: r.q.now + int64(r.sc.SnapshotInterval), kind: evSnapshot, idx: e.idx})
@@ -563,6 +572,17 @@ func (r *run) loop(ctx context.Context) error {
 // flush publishes PoP p's delta and the bits it issued since its last
 // flush, and sweeps its store once a window.
 func (r *run) flush(p int) {
+	r.publishBits(p, r.stores[p].Delta())
+	if now := r.q.now; now-r.lastSweep[p] >= r.window {
+		r.stores[p].SweepAt(Epoch.UnixNano() + now + r.skew[p])
+		r.lastSweep[p] = now
+	}
+	r.q.schedule(event{at: r.q.now + int64(r.sc.FlushInterval), kind: evFlush, idx: p})
+}
+
+// publishBits publishes slots from PoP p with the bits it issued since it
+// last published bits.
+func (r *run) publishBits(p int, slots []crdt.Slot) {
 	var bits []crdt.Bit
 	var issued []int64
 	if r.mits != nil {
@@ -572,12 +592,7 @@ func (r *run) flush(p int) {
 		issued = r.issuedAt[p][:min(len(bits), len(r.issuedAt[p]))]
 		r.issuedAt[p] = nil
 	}
-	r.publish(p, r.stores[p].Delta(), bits, issued)
-	if now := r.q.now; now-r.lastSweep[p] >= r.window {
-		r.stores[p].SweepAt(Epoch.UnixNano() + now + r.skew[p])
-		r.lastSweep[p] = now
-	}
-	r.q.schedule(event{at: r.q.now + int64(r.sc.FlushInterval), kind: evFlush, idx: p})
+	r.publish(p, slots, bits, issued)
 }
 
 // deliver hands msg to PoP p's store and bit table.
@@ -727,9 +742,15 @@ func (r *run) arrive(ctx context.Context, i int) error {
 	if err := r.engines[p].CheckAt(ctx, Epoch.Add(time.Duration(now+clock)), &r.req, &r.res); err != nil {
 		return fmt.Errorf("simulate: %s at %v: %w", r.strategy, time.Duration(now), err)
 	}
-	if r.mits != nil {
+	if r.mits != nil && r.mits[p].Stats().Issued > issued {
 		for range r.mits[p].Stats().Issued - issued {
 			r.issuedAt[p] = append(r.issuedAt[p], now)
+		}
+		// As replication.Replicator with a BitsNotifier: publish at once,
+		// at most once per BitsInterval.
+		if !r.bitsArmed[p] {
+			r.bitsArmed[p] = true
+			r.q.schedule(event{at: max(now, r.lastBits[p]+int64(r.sc.BitsInterval)), kind: evBits, idx: p})
 		}
 	}
 	r.oracle.decide(s.key, now, 1, r.res.Code == pop.OK)
