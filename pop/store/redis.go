@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	_ "embed" // the Lua script
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -148,8 +149,15 @@ type RedisConfig struct {
 // whose items all share one slot, and every single-item request, is exact.
 //
 // Concurrent checks are coalesced: each of Pipelines goroutines takes the
-// checks queued (at most MaxBatch) and sends them as one pipeline of
-// EVALSHAs, so a busy PoP pays a round trip per batch rather than per check.
+// checks queued (at most MaxBatch) and sends them in one round trip, so a
+// busy PoP pays a round trip per batch rather than per check. The script
+// calls of a batch are packed into as few script runs as the keys allow
+// (check.lua takes many calls back to back): one EVALSHA for up to
+// maxEvalItems items on a standalone server, one per slot in a Cluster. Redis
+// spends a fixed cost per script run, comparable to a whole one-item check,
+// so packing is what lets one Redis core decide more checks per second. Each
+// call stays atomic, and so does a run; a call that fails in the script (a
+// WRONGTYPE key) fails only its own check.
 // While another pipeline is in flight a goroutine first waits up to
 // BatchWindow for more checks to join; a check that finds the store idle is
 // sent at once, since it has no one to share a round trip with (and Go
@@ -193,6 +201,8 @@ type Redis struct {
 	wg      sync.WaitGroup
 
 	inflight atomic.Int32 // pipelines sent and not yet answered
+
+	evalItems int // most items one script run carries (maxEvalItems)
 
 	offset atomic.Int64 // server clock − local clock, ns (ClockRedis)
 	synced atomic.Bool  // offset has been measured at least once
@@ -240,6 +250,8 @@ func OpenRedis(cfg RedisConfig) (*Redis, error) {
 		queue:   make(chan *request, cfg.MaxBatch*cfg.Pipelines*2),
 		closing: make(chan struct{}),
 		rep:     newRedisReplicated(cfg),
+
+		evalItems: maxEvalItems,
 	}
 	s.reqs.New = func() any {
 		t := time.NewTimer(time.Hour)
@@ -495,17 +507,21 @@ type request struct {
 	err   error
 }
 
-// call is one script call: the items of one request that share a slot.
-// Its args follow check.lua: mode, hits, now, now's hi and lo parts, then
-// per item algorithm, limit, window, capacity, shadow, window index, offset,
-// remote key offset, remote total field. Its keys are the items' keys, then
-// rkeys (the remote hashes of replicated items).
+// call is one call of check.lua: the items of one request that share a slot.
+// Its fields are packed into blob in check.lua's binary layout (a header of
+// mode, hits, now's hi and lo parts and the number of items, then per item
+// algorithm, shadow, limit, window and the algorithm's own fields). Its keys
+// are the items' keys, then rkeys (the remote hashes of replicated items).
+// A call on its own is a valid script invocation (keys, and blob as the only
+// argument); run packs many into one (see evalGroup).
 type call struct {
 	keys  []string
 	rkeys []string
-	args  []any
+	blob  []byte
 	idx   []int // the request's item index of each key
-	cmd   *redis.Cmd
+	slot  int   // the Cluster slot of its keys (0 on a standalone server)
+	vals  []any // its answer, 4 integers per item, when err is nil
+	err   error // why it has no answer
 }
 
 // prepare fills r for a check; r is fresh from the pool.
@@ -519,21 +535,22 @@ func (r *request) prepare(s *Redis, now, hits int64, items []limit.Item, deadlin
 		r.res = append(r.res, limit.Decision{})
 	}
 	for i := range r.calls {
-		r.calls[i].cmd = nil
+		r.calls[i].vals, r.calls[i].err = nil, nil
 	}
 	r.calls = r.calls[:0]
 
 	var kbuf [128]byte
 	nowHi, nowLo := now/1e9, now%1e9 // now >= 0
+	first := 0
 	if s.cluster {
-		first := keySlot(items[0].Key)
+		first = keySlot(items[0].Key)
 		for i := 1; i < len(items) && !r.multi; i++ {
 			r.multi = keySlot(items[i].Key) != first
 		}
 	}
 	if !r.multi {
-		c := r.newCall()
-		c.args = append(c.args, "d", hits, now, nowHi, nowLo)
+		c := r.newCall(first)
+		c.header('d', hits, nowHi, nowLo, len(items))
 		for i := range items {
 			c.add(s, kbuf[:0], i, &items[i], now)
 		}
@@ -547,51 +564,80 @@ func (r *request) prepare(s *Redis, now, hits int64, items []limit.Item, deadlin
 			continue
 		}
 		sl := keySlot(items[i].Key)
-		c := r.newCall()
-		c.args = append(c.args, "p", hits, now, nowHi, nowLo)
+		c := r.newCall(sl)
+		c.header('p', hits, nowHi, nowLo, 0)
 		for j := i; j < len(items); j++ {
 			if !done[j] && keySlot(items[j].Key) == sl {
 				done[j] = true
 				c.add(s, kbuf[:0], j, &items[j], now)
 			}
 		}
+		binary.LittleEndian.PutUint32(c.blob[callItemsAt:], uint32(len(c.idx)))
 		c.keys = append(c.keys, c.rkeys...)
 	}
 }
 
-// newCall appends an empty call to r.calls, reusing its buffers.
-func (r *request) newCall() *call {
+// Offsets in a call's blob, after check.lua's layout.
+const (
+	callModeAt  = 0  // 'd' or 'p'
+	callItemsAt = 25 // the number of items, 4 bytes
+)
+
+// header starts c's blob: check.lua's "<c1i8i8i8i4".
+func (c *call) header(mode byte, hits, nowHi, nowLo int64, n int) {
+	c.blob = append(c.blob, mode)
+	c.blob = binary.LittleEndian.AppendUint64(c.blob, uint64(hits))
+	c.blob = binary.LittleEndian.AppendUint64(c.blob, uint64(nowHi))
+	c.blob = binary.LittleEndian.AppendUint64(c.blob, uint64(nowLo))
+	c.blob = binary.LittleEndian.AppendUint32(c.blob, uint32(n))
+}
+
+// newCall appends an empty call on slot to r.calls, reusing its buffers.
+func (r *request) newCall(slot int) *call {
 	if len(r.calls) < cap(r.calls) {
 		r.calls = r.calls[:len(r.calls)+1]
 	} else {
 		r.calls = append(r.calls, call{})
 	}
 	c := &r.calls[len(r.calls)-1]
-	c.keys, c.rkeys, c.args, c.idx = c.keys[:0], c.rkeys[:0], c.args[:0], c.idx[:0]
+	c.keys, c.rkeys, c.blob, c.idx = c.keys[:0], c.rkeys[:0], c.blob[:0], c.idx[:0]
+	c.slot = slot
 	return c
 }
 
 // add appends item i of the request to c.
 func (c *call) add(s *Redis, kbuf []byte, i int, it *limit.Item, now int64) {
 	sp := it.Spec
-	capacity := sp.Capacity()
-	var idx, off int64
-	if sp.Algorithm == limit.SlidingWindow || sp.Algorithm == limit.FixedWindow {
-		start := limit.WindowStart(now, sp.Window)
-		idx, off = start/sp.Window, now-start
-	}
-	shadow := 0
+	var shadow byte
 	if it.Shadow {
 		shadow = 1
 	}
 	c.keys = append(c.keys, string(appendRedisKey(kbuf, it)))
 	c.idx = append(c.idx, i)
-	c.args = append(c.args, int(sp.Algorithm), sp.Limit, sp.Window, capacity, shadow, idx, off)
-	if !s.replicates(it) {
-		c.args = append(c.args, 0, "")
+	// check.lua's "<BBi8i8": algorithm, shadow, limit, window.
+	c.blob = append(c.blob, byte(sp.Algorithm), shadow)
+	c.blob = binary.LittleEndian.AppendUint64(c.blob, uint64(sp.Limit))
+	c.blob = binary.LittleEndian.AppendUint64(c.blob, uint64(sp.Window))
+	switch sp.Algorithm {
+	case limit.SlidingWindow, limit.FixedWindow:
+	case limit.TokenBucket, limit.GCRA: // "<i8": capacity
+		c.blob = binary.LittleEndian.AppendUint64(c.blob, uint64(sp.Capacity()))
+		return
+	default: // the sliding log needs nothing more
 		return
 	}
-	c.args = append(c.args, len(c.rkeys)+1, remoteField(it.Scope))
+	// "<i8i8i4B": window index, offset, remote key number, remote total field.
+	start := limit.WindowStart(now, sp.Window)
+	idx, off := start/sp.Window, now-start
+	c.blob = binary.LittleEndian.AppendUint64(c.blob, uint64(idx))
+	c.blob = binary.LittleEndian.AppendUint64(c.blob, uint64(off))
+	if !s.replicates(it) {
+		c.blob = binary.LittleEndian.AppendUint32(c.blob, 0)
+		c.blob = append(c.blob, 0)
+		return
+	}
+	c.blob = binary.LittleEndian.AppendUint32(c.blob, uint32(len(c.rkeys)+1))
+	c.blob = append(c.blob, remoteField(it.Scope)[1]) // "~g" or "~r": check.lua adds the '~'
 	// One statement each: kbuf is reused, and Go may convert both to strings
 	// after both appends if they were arguments of one call.
 	c.rkeys = append(c.rkeys, string(appendRemoteKey(kbuf[:0], it.Key, idx)))
@@ -660,7 +706,7 @@ func (s *Redis) pipeliner() {
 	batch := make([]*request, 0, s.cfg.MaxBatch)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	var calls []*call
+	var sc scratch
 	for {
 		select {
 		case r := <-s.queue:
@@ -670,7 +716,7 @@ func (s *Redis) pipeliner() {
 			return
 		}
 		batch = s.collect(batch, timer)
-		calls = s.runBatch(batch, calls[:0])
+		s.runBatch(batch, &sc)
 		clear(batch)
 	}
 }
@@ -732,9 +778,69 @@ func (s *Redis) deliver(r *request) {
 	s.reqs.Put(r)
 }
 
-// runBatch runs the checks of batch and delivers their answers. calls is
-// scratch space, returned for reuse.
-func (s *Redis) runBatch(batch []*request, calls []*call) []*call {
+// scratch is a pipeliner's reusable space for running a batch.
+type scratch struct {
+	calls  []*call
+	groups []evalGroup
+	open   map[int]int // Cluster: slot → index in groups of its open group
+}
+
+// evalGroup is one script run carrying the calls of many requests: on a
+// standalone server consecutive calls of a batch, in a Cluster calls on one
+// slot (a script's keys must share a slot), up to maxEvalItems items in all.
+// Its keys and blob are its calls' concatenated, as check.lua reads them.
+type evalGroup struct {
+	items int
+	keys  []string
+	blob  []byte
+	calls []*call
+	cmd   *redis.Cmd
+}
+
+// maxEvalItems bounds the items of one script run (a call with more runs
+// alone). A script blocks the server while it runs, so the bound keeps a run
+// short: about 1 ms at 128 items on our 2-core test machine. Beyond about 16
+// items a run, Redis's cost per item no longer falls measurably; with the
+// default MaxBatch of 128 and single-item checks, a whole batch is one run.
+const maxEvalItems = 128
+
+// group packs calls into sc.groups and returns them.
+func (s *Redis) group(sc *scratch, calls []*call) []evalGroup {
+	for i := range sc.groups {
+		g := &sc.groups[i]
+		clear(g.calls) // let the requests' buffers go
+		clear(g.keys)
+		g.items, g.keys, g.blob, g.calls, g.cmd = 0, g.keys[:0], g.blob[:0], g.calls[:0], nil
+	}
+	sc.groups = sc.groups[:0]
+	if sc.open == nil {
+		sc.open = make(map[int]int)
+	}
+	clear(sc.open)
+	for _, c := range calls {
+		gi, ok := sc.open[c.slot]
+		if !ok || sc.groups[gi].items+len(c.idx) > s.evalItems {
+			gi = len(sc.groups)
+			if gi < cap(sc.groups) {
+				sc.groups = sc.groups[:gi+1]
+			} else {
+				sc.groups = append(sc.groups, evalGroup{})
+			}
+			sc.open[c.slot] = gi
+		}
+		g := &sc.groups[gi]
+		g.items += len(c.idx)
+		g.calls = append(g.calls, c)
+		g.keys = append(g.keys, c.keys...)
+		g.blob = append(g.blob, c.blob...)
+	}
+	return sc.groups
+}
+
+// runBatch runs the checks of batch and delivers their answers.
+func (s *Redis) runBatch(batch []*request, sc *scratch) {
+	calls := sc.calls[:0]
+	defer func() { clear(calls); sc.calls = calls[:0] }()
 	live := batch[:0]
 	var deadline time.Time
 	for _, r := range batch {
@@ -751,12 +857,12 @@ func (s *Redis) runBatch(batch []*request, calls []*call) []*call {
 		}
 	}
 	if len(live) == 0 {
-		return calls
+		return
 	}
 	s.inflight.Add(1)
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	s.run(ctx, calls)
+	s.run(ctx, sc, calls)
 
 	// Cluster checks spanning slots: decide what the peeks admitted.
 	calls = calls[:0]
@@ -782,12 +888,14 @@ func (s *Redis) runBatch(batch []*request, calls []*call) []*call {
 			continue
 		}
 		for i := range r.calls {
-			r.calls[i].args[0] = "d"
-			calls = append(calls, &r.calls[i])
+			c := &r.calls[i]
+			c.blob[callModeAt] = 'd'
+			c.vals, c.err = nil, nil
+			calls = append(calls, c)
 		}
 	}
 	if len(calls) > 0 {
-		s.run(ctx, calls)
+		s.run(ctx, sc, calls)
 		for _, r := range live {
 			if r.multi {
 				r.collectResults()
@@ -798,40 +906,83 @@ func (s *Redis) runBatch(batch []*request, calls []*call) []*call {
 	for _, r := range live {
 		s.deliver(r)
 	}
-	return calls
 }
 
-// run sends calls as one pipeline of EVALSHAs and, for those the server
-// answers NOSCRIPT, a second pipeline of EVALs.
-func (s *Redis) run(ctx context.Context, calls []*call) {
+// run sends calls, packed into script runs (see evalGroup), as one pipeline
+// of EVALSHAs and, for the runs the server answers NOSCRIPT, a second
+// pipeline of EVALs; then it hands each call its answer or error.
+func (s *Redis) run(ctx context.Context, sc *scratch, calls []*call) {
+	groups := s.group(sc, calls)
 	pipe := s.client.Pipeline()
-	for _, c := range calls {
-		c.cmd = pipe.EvalSha(ctx, checkScript.Hash(), c.keys, c.args...)
+	for i := range groups {
+		g := &groups[i]
+		// g.blob is passed as is, not copied: go-redis writes it out in
+		// Exec, and it is not reused before the next batch.
+		g.cmd = pipe.EvalSha(ctx, checkScript.Hash(), g.keys, g.blob)
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 
-	var retry []*call
-	for _, c := range calls {
-		if redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
-			retry = append(retry, c)
+	retry := false
+	for i := range groups {
+		if redis.HasErrorPrefix(groups[i].cmd.Err(), "NOSCRIPT") {
+			retry = true
+			break
 		}
 	}
-	if len(retry) == 0 {
-		return
+	if retry {
+		pipe = s.client.Pipeline()
+		for i := range groups {
+			g := &groups[i]
+			if redis.HasErrorPrefix(g.cmd.Err(), "NOSCRIPT") {
+				g.cmd = pipe.Eval(ctx, checkLua, g.keys, g.blob)
+			}
+		}
+		_, _ = pipe.Exec(ctx)
 	}
-	pipe = s.client.Pipeline()
-	for _, c := range retry {
-		c.cmd = pipe.Eval(ctx, checkLua, c.keys, c.args...)
+	for i := range groups {
+		groups[i].scatter()
 	}
-	_, _ = pipe.Exec(ctx)
 }
 
-// collectResults decodes r's call replies into r.res, or sets r.err from
+// scatter hands each call of g its part of g's answer: 4 integers per item,
+// or one error in their place for a call that failed in the script. When the
+// whole run failed (a timeout, a lost connection, OOM) every call gets its
+// error.
+func (g *evalGroup) scatter() {
+	vals, err := g.cmd.Slice()
+	if err == nil {
+		p := 0
+		for _, c := range g.calls {
+			if p < len(vals) {
+				if e, ok := vals[p].(error); ok {
+					c.err = e
+					p++
+					continue
+				}
+			}
+			n := 4 * len(c.idx)
+			if p+n > len(vals) {
+				break
+			}
+			c.vals = vals[p : p+n : p+n]
+			p += n
+		}
+		if p == len(vals) {
+			return
+		}
+		err = fmt.Errorf("script returned %d values for %d calls", len(vals), len(g.calls))
+	}
+	for _, c := range g.calls {
+		c.vals, c.err = nil, err
+	}
+}
+
+// collectResults decodes r's call answers into r.res, or sets r.err from
 // the first failed call. It reports whether all succeeded.
 func (r *request) collectResults() bool {
 	for ci := range r.calls {
 		c := &r.calls[ci]
-		vals, err := c.cmd.Slice()
+		vals, err := c.vals, c.err
 		if err == nil && len(vals) != 4*len(c.idx) {
 			err = fmt.Errorf("script returned %d values for %d items", len(vals), len(c.idx))
 		}

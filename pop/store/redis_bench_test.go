@@ -38,7 +38,7 @@ func BenchmarkRedisOneRoundTrip(b *testing.B) {
 			it := benchItem(next.Add(1))
 			r.prepare(s, time.Now().UnixNano(), 1, []limit.Item{it}, time.Time{})
 			c := &r.calls[0]
-			if err := s.client.EvalSha(ctx, checkScript.Hash(), c.keys, c.args...).Err(); err != nil {
+			if err := s.client.EvalSha(ctx, checkScript.Hash(), c.keys, c.blob).Err(); err != nil {
 				b.Error(err)
 				return
 			}
@@ -47,10 +47,18 @@ func BenchmarkRedisOneRoundTrip(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
 }
 
-// Checks through the store's batcher: concurrent checks share pipelines.
-func BenchmarkRedisPipelined(b *testing.B) {
+// Checks through the store's batcher: concurrent checks share pipelines, and
+// the calls of a pipeline share script runs (up to maxEvalItems items a run).
+func BenchmarkRedisPipelined(b *testing.B) { benchPipelined(b, maxEvalItems) }
+
+// As BenchmarkRedisPipelined, but every call is its own script run in the
+// pipeline: what packing calls into runs saves.
+func BenchmarkRedisPipelinedUnpacked(b *testing.B) { benchPipelined(b, 1) }
+
+func benchPipelined(b *testing.B, evalItems int) {
 	srv := redistest.Start(b)
 	s := openTestRedis(b, srv.URL(), RedisConfig{ClockSource: ClockLocal})
+	s.evalItems = evalItems // before any check: the pipeliners read it
 	ctx := context.Background()
 	var next atomic.Int64
 	b.ReportAllocs()

@@ -1,4 +1,9 @@
--- check.lua: limit.Decide for the items of one request, as one atomic step.
+-- check.lua: limit.Decide for a batch of calls. A call is the items of one
+-- request (or, in a Cluster, those of one slot of a request); each call is
+-- one atomic step, and so is the whole batch, since a script runs alone. The
+-- store packs many concurrent requests' calls into one script run so that
+-- Redis pays its fixed cost of a script call (command dispatch, the call
+-- setup, the KEYS and ARGV tables) once per batch rather than once per call.
 --
 -- This is a transcription of pop/limit (limit.go, item.go, ring.go). Every
 -- formula keeps the operand order of the Go code, so that IEEE doubles round
@@ -11,21 +16,31 @@
 -- offsets from now (rel) that are small exact integers. Window algorithms store
 -- the window index floor(start / window) instead of a time.
 --
--- KEYS[i]  the Redis key of item i
--- ARGV[1]  mode: "d" = decide (limit.Decide: peek all, add when admitted);
---                "p" = peek only (advance and peek; the only writes are the
---                      sliding log's expired entries, which advancing drops)
--- ARGV[2]  hits (>= 1)
--- ARGV[3]  now, decimal nanoseconds since the epoch (>= 0)
--- ARGV[4]  now's hi part, ARGV[5] now's lo part
--- then 9 fields per item i, from ARGV[6 + 9*(i-1)]:
+-- ARGV[1] holds the calls back to back, packed in binary (struct.pack
+-- formats, little-endian; integers i8 are int64, so tonumber's rounding of a
+-- decimal and struct's conversion of an int64 give the same double). Binary
+-- and one argument for the whole batch, because Redis spends about as much
+-- per command argument (parsing it, an object, a Lua string) as on the
+-- arithmetic of an item, and the client formats each one too. Each call is
+-- a header "<c1i8i8i8i4":
+--   mode: "d" = decide (limit.Decide: peek all, add when admitted);
+--         "p" = peek only (advance and peek; the only writes are the
+--               sliding log's expired entries, which advancing drops)
+--   hits (>= 1), now's hi part, now's lo part (now >= 0), n (its items)
+-- then its n items, each "<BBi8i8" and its algorithm's own fields:
 --   algorithm (0 sliding_window, 1 fixed_window, 2 token_bucket, 3 gcra,
---   4 sliding_log), limit, window (ns), capacity (burst, or limit when 0),
---   shadow (0/1), window index floor(now / window), now - index*window,
---   remote (0, or r > 0 for an item counted across PoPs: its remote hashes
---   for windows index and index-1 are KEYS[n + r] and KEYS[n + r + 1], n the
---   number of items), total (the hash field holding the remote total the item
---   adds: "~g" global or "~r" region; see merge.lua).
+--   4 sliding_log), shadow (0/1), limit, window (ns), then
+--     sliding_window, fixed_window "<i8i8i4B": window index
+--       floor(now / window), now - index*window, remote (0, or r > 0 for an
+--       item counted across PoPs: its remote hashes for windows index and
+--       index-1 are the call's remote keys r and r + 1), total (with a '~'
+--       before it, the hash field holding the remote total the item adds:
+--       "g" global or "r" region, 0 when remote is 0; see merge.lua)
+--     token_bucket, gcra "<i8": capacity (burst, or limit when 0)
+--     sliding_log: nothing more
+-- KEYS holds, call after call, the Redis key of each of the call's items,
+-- then the call's remote keys: two per item counted across PoPs, in item
+-- order.
 --
 -- An item counted across PoPs (window algorithms only) decides on own +
 -- remote counts: its own state holds this PoP's hits exactly as for any
@@ -44,7 +59,10 @@
 -- HASHes of replicated items, whose "~g" and "~r" fields are the other PoPs'
 -- running totals.
 --
--- Returns 4 integers per item: allowed (0/1), remaining, reset, retry_after.
+-- Returns, call after call, 4 integers per item: allowed (0/1), remaining,
+-- reset, retry_after; or, for a call that failed (a command error such as
+-- WRONGTYPE), one error reply in place of all of that call's integers, so
+-- that one bad call does not fail the others of its batch.
 
 local E9 = 1000000000
 local MAXNS = 4611686018427387904 -- 2^62: a cap no real duration reaches
@@ -57,9 +75,22 @@ local TOLERANCE = 1e-9
 -- gone and count that window again from zero.
 local GRACE_MS = 1000
 
-local mode = ARGV[1]
-local hits = tonumber(ARGV[2])
-local nowS, nowHi, nowLo = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+-- The current call's hits and now, set by the loop at the end before each
+-- call; the functions below read them as upvalues. nowS, now as a decimal
+-- string, is made only when a call writes a time (nowStr).
+local hits, nowHi, nowLo, nowS
+
+-- nowStr returns now as a decimal string.
+local function nowStr()
+  if not nowS then
+    if nowHi == 0 then
+      nowS = string.format('%d', nowLo)
+    else
+      nowS = string.format('%d%09d', nowHi, nowLo)
+    end
+  end
+  return nowS
+end
 
 -- rel returns t - now for a stored decimal time t >= 0, exact below 2^53.
 local function rel(s)
@@ -72,7 +103,7 @@ end
 
 -- abs formats now + d as a decimal time; d is an exact integer, now + d >= 0.
 local function abs(d)
-  if d == 0 then return nowS end
+  if d == 0 then return nowStr() end
   local lo = nowLo + d
   local r = math.fmod(lo, E9)
   if r < 0 then r = r + E9 end
@@ -93,7 +124,11 @@ local function interval(it, n)
   return ceil(n * it.w / it.limit)
 end
 
-local states = {} -- by key, so that items naming the same key share one state
+-- states holds the current call's states by key, so that items naming the
+-- same key share one state. It is fresh for each call: a state holds times
+-- relative to its call's now, and each call writes back what it changed, so
+-- the next call reads it again.
+local states
 
 -- load returns the state of item it, reading it once per key.
 local function load(it)
@@ -259,7 +294,8 @@ local function add(it, st)
     while left > 0 do
       local n = math.min(left, 100)
       local vals = {}
-      for j = 1, n do vals[j] = nowS end
+      local t = nowStr()
+      for j = 1, n do vals[j] = t end
       redis.call('RPUSH', it.key, unpack(vals))
       left = left - n
     end
@@ -295,67 +331,102 @@ local function encode(it, st)
   return abs(st.r)
 end
 
--- nitems is the number of items; KEYS after them are remote hashes.
-local nitems = (#ARGV - 5) / 9
-
 -- remoteTotal returns the remote running total field f of hash k, 0 if none.
 local function remoteTotal(k, f)
   return tonumber(redis.call('HGET', k, f) or '0') or 0
 end
 
 -- view is the state the peek of a replicated item sees: own plus remote.
+-- it.rk is the KEYS index of its remote hash for window idx (0: none).
 local function view(it, st)
-  if it.rk == 0 or it.alg > 1 then return st end
-  local n = nitems -- the remote keys follow the items'
+  if it.rk == 0 then return st end
   local rc, rp = 0, 0
   if st.s == it.idx then
-    rc = remoteTotal(KEYS[n + it.rk], it.field)
-    rp = remoteTotal(KEYS[n + it.rk + 1], it.field)
+    rc = remoteTotal(KEYS[it.rk], it.field)
+    rp = remoteTotal(KEYS[it.rk + 1], it.field)
   elseif st.s == it.idx + 1 then
-    rp = remoteTotal(KEYS[n + it.rk], it.field)
+    rp = remoteTotal(KEYS[it.rk], it.field)
   end
   return { s = st.s, c = st.c + rc, p = st.p + rp }
 end
 
--- out holds 4 integers per item: allowed, remaining, reset, retry_after.
-local items, out = {}, {}
-for i = 1, nitems do
-  local b = 6 + 9 * (i - 1)
-  local it = {
-    key = KEYS[i], alg = tonumber(ARGV[b]), limit = tonumber(ARGV[b + 1]),
-    w = tonumber(ARGV[b + 2]), cap = tonumber(ARGV[b + 3]), shadow = ARGV[b + 4] == '1',
-    idx = tonumber(ARGV[b + 5]), off = tonumber(ARGV[b + 6]),
-    rk = tonumber(ARGV[b + 7]), field = ARGV[b + 8],
-  }
-  items[i] = it
-  local st = load(it)
-  advance(it, st)
-  local j = 4 * (i - 1)
-  out[j + 1], out[j + 2], out[j + 3], out[j + 4] = peek(it, view(it, st))
-end
-if mode == 'p' then return out end
+-- decide runs one call: its items are items[1..n], its mode is mode. It
+-- writes 4 integers per item to res[o + 1 .. o + 4n].
+local function decide(mode, items, n, res, o)
+  states = {}
+  for i = 1, n do
+    local it = items[i]
+    local st = load(it)
+    advance(it, st)
+    local j = o + 4 * (i - 1)
+    res[j + 1], res[j + 2], res[j + 3], res[j + 4] = peek(it, view(it, st))
+  end
+  if mode == 'p' then return end
 
-local ok = true -- limit.Admit
-for i = 1, #items do
-  if out[4 * i - 3] == 0 and not items[i].shadow then ok = false end
-end
-for i = 1, #items do
-  if out[4 * i - 3] == 1 then
-    if ok then
-      add(items[i], states[items[i].key])
-    else
-      out[4 * i - 2] = out[4 * i - 2] + hits -- nothing was spent, so the room is what it was
+  local ok = true -- limit.Admit
+  for i = 1, n do
+    if res[o + 4 * i - 3] == 0 and not items[i].shadow then ok = false end
+  end
+  for i = 1, n do
+    if res[o + 4 * i - 3] == 1 then
+      if ok then
+        add(items[i], states[items[i].key])
+      else
+        res[o + 4 * i - 2] = res[o + 4 * i - 2] + hits -- nothing was spent, so the room is what it was
+      end
+    end
+  end
+
+  for i = 1, n do
+    local it = items[i]
+    local st = states[it.key]
+    if st.dirty then
+      st.dirty = false -- written once, however many items share the key
+      local px = math.max(ceil(idle(it, st) / 1000000), 1) + GRACE_MS
+      redis.call('SET', it.key, encode(it, st), 'PX', px)
     end
   end
 end
 
-for i = 1, #items do
-  local it = items[i]
-  local st = states[it.key]
-  if st.dirty then
-    st.dirty = false -- written once, however many items share the key
-    local px = math.max(ceil(idle(it, st) / 1000000), 1) + GRACE_MS
-    redis.call('SET', it.key, encode(it, st), 'PX', px)
+-- FIELDS maps a remote total's byte to its hash field.
+local FIELDS = { [string.byte('g')] = '~g', [string.byte('r')] = '~r' }
+
+-- res holds every call's answers; o is how many it holds. p is the position
+-- in blob of the next call, k the KEYS index of its first key.
+local sunpack, blob = struct.unpack, ARGV[1]
+local res, o, p, k, nblob = {}, 0, 1, 1, #blob
+while p <= nblob do
+  local mode, n
+  mode, hits, nowHi, nowLo, n, p = sunpack('<c1i8i8i8i4', blob, p)
+  nowS = nil
+  -- The call's layout is read before it runs, so that a failing call
+  -- still leaves p and k at the next one.
+  local items, rkeys, nr = {}, k + n, 0 -- rkeys: the KEYS index of its first remote key
+  for i = 1, n do
+    local alg, shadow, lim, w
+    alg, shadow, lim, w, p = sunpack('<BBi8i8', blob, p)
+    local it = { key = KEYS[k + i - 1], alg = alg, limit = lim, w = w, shadow = shadow == 1, rk = 0 }
+    if alg <= 1 then
+      local r, f
+      it.idx, it.off, r, f, p = sunpack('<i8i8i4B', blob, p)
+      if r > 0 then
+        it.rk, it.field = rkeys + r - 1, FIELDS[f]
+        nr = nr + 2
+      end
+    elseif alg <= 3 then
+      it.cap, p = sunpack('<i8', blob, p)
+    end
+    items[i] = it
+  end
+  k = k + n + nr
+  local done, err = pcall(decide, mode, items, n, res, o)
+  if done then
+    o = o + 4 * n
+  else
+    for j = o + 1, o + 4 * n do res[j] = nil end
+    if type(err) == 'table' then err = err.err end
+    o = o + 1
+    res[o] = { err = tostring(err) }
   end
 end
-return out
+return res
