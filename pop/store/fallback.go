@@ -174,7 +174,8 @@ func (f *Fallback) BreakerState() BreakerState { return BreakerState(f.state.Loa
 // CheckAt answers the check from the primary when the breaker lets it, and
 // otherwise, or when the primary fails, from the secondary (see Fallback).
 // It returns an error only for an invalid check (ErrInvalidCheck, from the
-// primary) or when the secondary fails.
+// primary), when the caller's ctx was canceled while the primary had the
+// check (context.Canceled), or when the secondary fails.
 func (f *Fallback) CheckAt(ctx context.Context, now, hits int64, items []limit.Item, out []limit.Decision) error {
 	usePrimary, probe := f.route()
 	if usePrimary {
@@ -190,15 +191,18 @@ func (f *Fallback) CheckAt(ctx context.Context, now, hits int64, items []limit.I
 			}
 			return err
 		}
-		f.primaryErrors.Add(1)
 		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
-			// The caller gave up, not the primary: no verdict on the primary.
+			// The caller gave up (its client went away), not the primary: no
+			// verdict on the primary, no store error, and no fallback answer
+			// — nobody waits for it, and counting it would spend quota on a
+			// request that will not be served.
 			if probe {
 				f.reopen()
 			}
-		} else {
-			f.failed(probe)
+			return err
 		}
+		f.primaryErrors.Add(1)
+		f.failed(probe)
 	}
 	return f.fallback(ctx, now, hits, items, out)
 }

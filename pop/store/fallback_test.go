@@ -34,7 +34,36 @@ func (f *faultStore) CheckAt(ctx context.Context, now, hits int64, items []limit
 	if f.fail.Load() {
 		return errInjected
 	}
+	if err := ctx.Err(); err != nil { // as Redis does for a caller that left
+		return err
+	}
 	return f.inner.CheckAt(ctx, now, hits, items, out)
+}
+
+// TestFallbackCallerGone: a check whose caller gave up while the primary had
+// it is no store error and gets no fallback answer (nobody waits for it, and
+// the secondary would count a request that is never served); the breaker
+// stays closed however many callers leave.
+func TestFallbackCallerGone(t *testing.T) {
+	primary := &faultStore{inner: NewMemory(MemoryConfig{}), gate: make(chan struct{})}
+	secondary := NewMemory(MemoryConfig{})
+	f := NewFallback(primary, secondary, FallbackConfig{Failures: 1})
+	items := []limit.Item{{Key: []byte("k"), Spec: limit.Spec{Algorithm: limit.FixedWindow, Limit: 10, Window: int64(time.Hour)}}}
+	now := limittest.T0.UnixNano()
+	for range 3 {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- f.CheckAt(ctx, now, 1, items, make([]limit.Decision, 1)) }()
+		cancel()
+		primary.gate <- struct{}{}
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("CheckAt of a caller that left returned %v, want context.Canceled", err)
+		}
+	}
+	st := f.Stats()
+	if st.PrimaryErrors != 0 || st.FallbackDecisions != 0 || st.State != BreakerClosed || secondary.Len() != 0 {
+		t.Fatalf("after callers left: %+v, secondary holds %d keys; want no errors, no fallback, closed, empty", st, secondary.Len())
+	}
 }
 
 // fakeClock is a settable breaker clock.
