@@ -3,6 +3,7 @@ package pop
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -298,7 +299,9 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 		}
 	}
 	if err := e.store.CheckAt(ctx, nowNs, hits, s.items, s.out); err != nil {
-		e.metrics.storeError()
+		if !errors.Is(err, context.Canceled) || ctx.Err() == nil { // a caller that left is no store error
+			e.metrics.storeError()
+		}
 		return fmt.Errorf("pop: store: %w", err)
 	}
 	admitted := limit.Admit(s.items, s.out)
