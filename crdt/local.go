@@ -66,6 +66,22 @@ func (l *Local) Add(key string, window int64, n uint64) uint64 {
 	return c.n
 }
 
+// AddBytes is Add for a key held in bytes: it converts the key to a string
+// (an allocation) only for a (key, window) it does not hold yet, so counting
+// a known key allocates nothing.
+func (l *Local) AddBytes(key []byte, window int64, n uint64) uint64 {
+	if wm := l.windows[window]; wm != nil && !(l.floored && window < l.floor) {
+		if c := wm[string(key)]; c != nil { // no allocation: a lookup
+			if n > 0 {
+				c.n = addSat(c.n, n)
+				l.markDirty(c)
+			}
+			return c.n
+		}
+	}
+	return l.Add(string(key), window, n)
+}
+
 // Count returns this replica's count for (key, window), zero if none.
 func (l *Local) Count(key string, window int64) uint64 {
 	if c := l.windows[window][key]; c != nil {

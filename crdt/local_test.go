@@ -1,7 +1,9 @@
 package crdt_test
 
 import (
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"testing"
 
@@ -181,5 +183,40 @@ func TestLocalZeroValue(t *testing.T) {
 	l.Add("k", w0, 2)
 	if got, want := l.Delta(), []crdt.Slot{slot("k", w0, "", 2)}; !slices.Equal(got, want) {
 		t.Errorf("Delta() = %v, want %v", got, want)
+	}
+}
+
+// TestAddBytesIsAdd: AddBytes and Add, fed the same counts (known and new
+// keys, zero counts, windows below the floor), leave equal Locals and
+// return the same values.
+func TestAddBytesIsAdd(t *testing.T) {
+	a, b := crdt.NewLocal("p1"), crdt.NewLocal("p1")
+	rnd := rand.New(rand.NewPCG(7, 7))
+	for i := range 5000 {
+		key := fmt.Sprintf("k%d", rnd.IntN(50))
+		window := int64(rnd.IntN(6)) * 10
+		n := uint64(rnd.IntN(3))
+		if i == 2500 {
+			a.DropBefore(20)
+			b.DropBefore(20)
+		}
+		if x, y := a.Add(key, window, n), b.AddBytes([]byte(key), window, n); x != y {
+			t.Fatalf("step %d: Add(%q, %d, %d) = %d, AddBytes = %d", i, key, window, n, x, y)
+		}
+		if i%97 == 0 && !slices.Equal(a.Delta(), b.Delta()) {
+			t.Fatalf("step %d: deltas differ", i)
+		}
+	}
+	if !slices.Equal(a.Slots(), b.Slots()) {
+		t.Fatal("slots differ")
+	}
+}
+
+func TestAddBytesAllocs(t *testing.T) {
+	l := crdt.NewLocal("p1")
+	key := []byte("known")
+	l.AddBytes(key, 10, 1)
+	if n := testing.AllocsPerRun(100, func() { l.AddBytes(key, 10, 1) }); n != 0 {
+		t.Fatalf("AddBytes of a known key allocates %v times", n)
 	}
 }

@@ -66,7 +66,7 @@ func (r *replicated) state(it *limit.Item, now int64) limit.State {
 
 // add counts hits of item in the window st starts. Requires r.mu held.
 func (r *replicated) add(it *limit.Item, st *limit.State, hits int64) {
-	r.unit(it.Spec.Window).own.Add(string(it.Key), st.Start, uint64(hits))
+	r.unit(it.Spec.Window).own.AddBytes(it.Key, st.Start, uint64(hits))
 }
 
 // sweep drops, for every window length, the windows before the previous one.
@@ -89,6 +89,16 @@ func (s *Memory) replicates(it *limit.Item) bool {
 // shards of the table items in order (and the replicated counts when an item
 // replicates), so that the whole check is one atomic step.
 func (s *Memory) checkMany(now, hits int64, items []limit.Item, out []limit.Decision) {
+	if len(items) == 1 && s.replicates(&items[0]) { // no shard, and no state on the heap
+		s.rep.mu.Lock()
+		st := s.rep.state(&items[0], now)
+		states := [1]*limit.State{&st}
+		if limit.Decide(now, hits, items, states[:], out) && out[0].Allowed {
+			s.rep.add(&items[0], &st, hits)
+		}
+		s.rep.mu.Unlock()
+		return
+	}
 	var (
 		hashBuf  [maxInline]uint64
 		orderBuf [maxInline]int
