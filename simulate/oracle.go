@@ -79,9 +79,12 @@ func (r *ring) expire(horizon int64) {
 		r.count -= r.log[r.head].n
 		r.head++
 	}
+	// Compact once the expired part is at least half the log: amortized
+	// O(1) a hit, and a key's log stays within twice its live hits (plus a
+	// few), which matters with hundreds of thousands of keys.
 	if r.head == len(r.log) {
 		r.log, r.head = r.log[:0], 0
-	} else if r.head > 64 && r.head*2 > len(r.log) { // compact
+	} else if r.head >= 8 && r.head*2 >= len(r.log) {
 		n := copy(r.log, r.log[r.head:])
 		r.log, r.head = r.log[:n], 0
 	}
