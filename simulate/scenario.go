@@ -199,17 +199,23 @@ func (sc *Scenario) Validate() error {
 	if sc.Duration <= 0 {
 		return fmt.Errorf("duration: must be positive, got %v", sc.Duration)
 	}
-	if sc.FlushInterval == 0 {
-		sc.FlushInterval = 100 * time.Millisecond
-	}
-	if sc.FlushInterval < 0 {
-		return fmt.Errorf("flush_interval: must be positive, got %v", sc.FlushInterval)
-	}
-	if sc.SnapshotInterval == 0 {
-		sc.SnapshotInterval = 5 * time.Second
-	}
-	if sc.SnapshotInterval < 0 {
-		return fmt.Errorf("snapshot_interval: must be positive, got %v", sc.SnapshotInterval)
+	for _, d := range []struct {
+		v    *time.Duration
+		def  time.Duration
+		name string
+	}{ // the defaults are replication's and `edgelimit pop`'s
+		{&sc.FlushInterval, 100 * time.Millisecond, "flush_interval"},
+		{&sc.SnapshotInterval, 5 * time.Second, "snapshot_interval"},
+		{&sc.BitsInterval, 10 * time.Millisecond, "bits_interval"},
+		{&sc.HelloInterval, 500 * time.Millisecond, "hello_interval"},
+		{&sc.UnreachableAfter, 3 * time.Second, "unreachable_after"},
+	} {
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+		if *d.v < 0 {
+			return fmt.Errorf("%s: must be positive, got %v", d.name, *d.v)
+		}
 	}
 	regions := map[string]bool{}
 	pops := map[string]bool{}
@@ -274,21 +280,6 @@ func (sc *Scenario) Validate() error {
 		if p.Start < 0 || p.End <= p.Start {
 			return fmt.Errorf("partitions[%d]: need 0 ≤ start < end, got start %v end %v", i, p.Start, p.End)
 		}
-	}
-	if sc.BitsInterval == 0 {
-		sc.BitsInterval = 10 * time.Millisecond
-	}
-	if sc.BitsInterval < 0 {
-		return fmt.Errorf("bits_interval: must be positive, got %v", sc.BitsInterval)
-	}
-	if sc.HelloInterval == 0 {
-		sc.HelloInterval = 500 * time.Millisecond
-	}
-	if sc.UnreachableAfter == 0 {
-		sc.UnreachableAfter = 3 * time.Second
-	}
-	if sc.HelloInterval < 0 || sc.UnreachableAfter < 0 {
-		return fmt.Errorf("hello_interval and unreachable_after: must be positive, got %v and %v", sc.HelloInterval, sc.UnreachableAfter)
 	}
 	if !(sc.PartitionShare >= 0 && sc.PartitionShare <= 1) {
 		return fmt.Errorf("partition_share: must be in [0, 1], got %v", sc.PartitionShare)

@@ -341,6 +341,11 @@ sources: [{rate: 500, spread: spray}]
 		{"bad unit", "limit: {requests_per_unit: 10, unit: fortnight}\n", `unknown unit "fortnight"`},
 		{"zero rate", "sources: [{rate: 0, spread: spray}]\n", "sources[0].rate: must be positive"},
 		{"no duration", "duration: 0s\n", "duration: must be positive"},
+		{"negative interval", "unreachable_after: -1s\n", "unreachable_after: must be positive"},
+		{"unknown skewed pop", "clock_skew: {zz: 1s}\n", `clock_skew: unknown PoP "zz"`},
+		{"bad on/off", "sources: [{rate: 1, spread: spray, on: 1s}]\n", "on and off go together"},
+		{"bad mix", "mix: {sources: 10, mean_rate: 1, alpha: 1}\n", "alpha: must be above 1"},
+		{"mix spread", "mix: {sources: 10, mean_rate: 1, spread: {broadcast: 1}}\n", `"broadcast" is not anycast, spray or random`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
