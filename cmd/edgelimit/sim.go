@@ -15,9 +15,11 @@ import (
 const simUsage = `Usage: edgelimit sim [-seed N] [--json] [--html FILE] SCENARIO.yaml
 
 Runs a scenario (simulate/scenarios/ has examples) on a virtual clock with the
-real decision engine and CRDT code, once per strategy (edgelimit, local-only,
-static split, centralized), and reports overshoot against an exact oracle,
-false allows and denies, time to first denial, and messages on the wire.
+real decision engine, CRDT code and mitigation bits, once per strategy
+(edgelimit, async-sync without bits, local-only, static split, centralized),
+and grades every decision against an exact per-key oracle: overshoot, wrong
+decisions, denials of well-behaved clients, time to first denial, bit delay,
+convergence after a partition, and messages and bytes on the wire.
 The same scenario and seed give a byte-identical report; the report prints
 its seed, and -seed N replays another. --html FILE also writes the report as
 one self-contained HTML page with charts of the admitted rate against the
