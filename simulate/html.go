@@ -499,7 +499,7 @@ table.counts th:first-child, table.counts td:first-child { text-align: left; }
 
 <h2>How far windows went over the limit</h2>
 {{template "chart" .Over}}
-<p>How to read this: every fixed limit window of every key that admitted at least one hit counts once. For each strategy, the bars show which share of those windows ended with how much excess over the limit, as a percentage of the limit; the bars of one strategy add up to 100%. A strategy that never overshoots has a single bar at “0”; the further right its bars reach, the further it went over the limit, and the taller they are there, the more often.</p>
+<p>How to read this: every fixed limit window of every key that admitted at least one hit counts once. For each strategy, the bars show which share of those windows ended with how much excess over the limit, as a percentage of the limit. Windows with no excess are left out of the chart (with many keys they are nearly all of them, and their bar would flatten the others); the table below gives every bucket, “0” included, and each strategy's row adds up to 100%. A strategy that never overshoots has no bars; the further right its bars reach, the further it went over the limit, and the taller they are there, the more often.</p>
 <table class="counts">
 <tr><th>% of windows</th>{{range .Counts.Buckets}}<th>{{.}}</th>{{end}}</tr>
 {{range .Counts.Rows}}<tr><td>{{.Strategy}}</td>{{range .Cells}}<td>{{.}}</td>{{end}}</tr>
