@@ -75,6 +75,11 @@ func TestRunPopBadFlags(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q", code, errb.String())
 	}
 	errb.Reset()
+	rules := filepath.Join("..", "..", "deploy", "examples", "rules.yaml")
+	if code := run([]string{"pop", "--region", "eu", "--pop", "a", "--snapshot-interval", "0s", "--rules", rules, "--data", t.TempDir()}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "--snapshot-interval must be > 0") {
+		t.Fatalf("exit %d, stderr %q", code, errb.String())
+	}
+	errb.Reset()
 	if code := run([]string{"pop", "--listen"}, &out, &errb); code != 2 {
 		t.Fatalf("missing flag value: exit %d, stderr %q", code, errb.String())
 	}

@@ -27,6 +27,7 @@ type replFlags struct {
 	leafListen            int
 	leafRemotes           listFlag
 	flush                 time.Duration
+	snapshot              time.Duration
 	partitionShare        float64
 }
 
@@ -62,6 +63,9 @@ func (f *replFlags) validate() (replication.Topology, error) {
 	}
 	if f.flush <= 0 {
 		return t, fmt.Errorf("--flush-interval must be > 0, got %v", f.flush)
+	}
+	if f.snapshot <= 0 {
+		return t, fmt.Errorf("--snapshot-interval must be > 0, got %v", f.snapshot)
 	}
 	if f.partitionShare < 0 || f.partitionShare > 1 {
 		return t, fmt.Errorf("--partition-share must be between 0 and 1, got %v", f.partitionShare)
@@ -131,7 +135,7 @@ func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog
 		cleanup = append(cleanup, nc.Close)
 		r, err := replication.New(replication.Config{
 			Region: f.region, POP: f.pop, Topology: t, Conn: nc, Counts: counts, Bits: bits,
-			FlushInterval: f.flush, StartSeq: seq, OnApplied: counts.Applied,
+			FlushInterval: f.flush, SnapshotInterval: f.snapshot, StartSeq: seq, OnApplied: counts.Applied,
 			Domains: domains(t), Logger: log.With("component", "replication"),
 		})
 		if err != nil {
