@@ -50,33 +50,46 @@ type oracle struct {
 	lags []int64 // per key that crossed and was denied: first deny − crossing
 }
 
-// keyLog is one key's logs and state.
+// keyLog is one key's log and state.
 type keyLog struct {
-	adm, off ring
+	log ring
 	// The current fixed window's start and admitted hits; fixedStart < 0
 	// before the key's first decision.
 	fixedStart, fixedCount int64
 	crossing, firstDeny    int64 // virtual ns; -1 while not seen
 }
 
-// ring is a log of hits in time order, oldest from head on, and their sum.
+// ring is a key's offered hits in time order, oldest from head on, each
+// marked admitted or not, with the sums of both in the window. One log, not
+// one per sum: with hundreds of thousands of keys each log is a cache miss.
 type ring struct {
-	log   []hit
-	head  int
-	count int64
+	log          []hit
+	head         int
+	adm, offered int64
 }
 
+// hit is n hits offered at at; admitted ones have n > 0, denied ones n < 0.
 type hit struct{ at, n int64 }
 
-func (r *ring) push(at, n int64) {
+func (r *ring) push(at, n int64, admitted bool) {
+	r.offered += n
+	if admitted {
+		r.adm += n
+	} else {
+		n = -n
+	}
 	r.log = append(r.log, hit{at, n})
-	r.count += n
 }
 
 // expire drops hits at or before horizon.
 func (r *ring) expire(horizon int64) {
 	for r.head < len(r.log) && r.log[r.head].at <= horizon {
-		r.count -= r.log[r.head].n
+		if n := r.log[r.head].n; n > 0 {
+			r.adm -= n
+			r.offered -= n
+		} else {
+			r.offered += n
+		}
 		r.head++
 	}
 	// Compact once the expired part is at least half the log: amortized
@@ -141,12 +154,11 @@ func (o *oracle) closeWindow(k *keyLog) {
 // counts it.
 func (o *oracle) decide(ki int, now, hits int64, admitted bool) {
 	k := &o.keys[ki]
-	k.adm.expire(now - o.window)
-	k.off.expire(now - o.window)
+	k.log.expire(now - o.window)
 	o.roll(k, now)
-	k.off.push(now, hits)
 	o.decisions++
-	fits := k.adm.count+hits <= o.limit
+	fits := k.log.adm+hits <= o.limit
+	k.log.push(now, hits, admitted)
 	if !fits && k.crossing < 0 {
 		k.crossing = now
 		if k.firstDeny >= 0 {
@@ -158,14 +170,13 @@ func (o *oracle) decide(ki int, now, hits int64, admitted bool) {
 			o.falseAllow++
 		}
 		o.admitted += hits
-		k.adm.push(now, hits)
 		k.fixedCount += hits
-		o.worst = max(o.worst, k.adm.count-o.limit)
+		o.worst = max(o.worst, k.log.adm-o.limit)
 	} else {
 		if fits {
 			o.falseDeny++
 		}
-		if k.off.count <= o.limit {
+		if k.log.offered <= o.limit {
 			o.legitDeny++
 		}
 		if k.firstDeny < 0 {
@@ -177,7 +188,7 @@ func (o *oracle) decide(ki int, now, hits int64, admitted bool) {
 	}
 	if ki == o.tracked {
 		if i := now / o.seriesStep; i < int64(len(o.series)) {
-			o.series[i] = max(o.series[i], k.adm.count)
+			o.series[i] = max(o.series[i], k.log.adm)
 		}
 	}
 }

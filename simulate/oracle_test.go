@@ -96,14 +96,14 @@ func TestOracleCompacts(t *testing.T) {
 		o.decide(0, i, 1, true)
 	}
 	k := &o.keys[0]
-	if k.adm.count != 100 || k.off.count != 100 {
-		t.Fatalf("count in the last window = %d admitted, %d offered; want 100", k.adm.count, k.off.count)
+	if k.log.adm != 100 || k.log.offered != 100 {
+		t.Fatalf("count in the last window = %d admitted, %d offered; want 100", k.log.adm, k.log.offered)
 	}
 	if o.worst != 50 {
 		t.Fatalf("worst = %d, want 50", o.worst)
 	}
-	if len(k.adm.log) > 4096 || len(k.off.log) > 4096 {
-		t.Fatalf("logs hold %d and %d entries for a window of 100", len(k.adm.log), len(k.off.log))
+	if len(k.log.log) > 4096 {
+		t.Fatalf("the log holds %d entries for a window of 100", len(k.log.log))
 	}
 }
 
