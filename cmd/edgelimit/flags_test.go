@@ -80,6 +80,10 @@ func TestRunPopBadFlags(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q", code, errb.String())
 	}
 	errb.Reset()
+	if code := run([]string{"pop", "--region", "eu", "--pop", "a", "--unreachable-after", "-1s", "--rules", rules, "--data", t.TempDir()}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "--unreachable-after must be > 0") {
+		t.Fatalf("exit %d, stderr %q", code, errb.String())
+	}
+	errb.Reset()
 	if code := run([]string{"pop", "--listen"}, &out, &errb); code != 2 {
 		t.Fatalf("missing flag value: exit %d, stderr %q", code, errb.String())
 	}

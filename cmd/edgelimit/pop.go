@@ -60,6 +60,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&repl.topology, "topology", "", "every region's PoPs: `region=pop,pop;region=pop` (default: this PoP alone)")
 	fs.DurationVar(&repl.flush, "flush-interval", 100*time.Millisecond, "how often the PoP publishes what it counted to the other PoPs")
 	fs.DurationVar(&repl.snapshot, "snapshot-interval", 5*time.Second, "how often the PoP republishes all it counts (anti-entropy); raise it with hundreds of thousands of keys")
+	fs.DurationVar(&repl.unreachableAfter, "unreachable-after", 3*time.Second, "how long without a presence beacon from a region before it counts as cut off and global limits shrink to --partition-share (a few beacon intervals of 500ms)")
 	fs.Float64Var(&repl.partitionShare, "partition-share", 0, "share of a global limit each reachable region enforces while others are cut off (0: reachable regions / all regions)")
 	fs.StringVar(&repl.natsURL, "nats", "", "NATS `URL` of the region's servers; empty runs an embedded NATS server with JetStream under --data")
 	fs.StringVar(&repl.natsUser, "nats-user", "", "NATS user name")

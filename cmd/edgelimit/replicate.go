@@ -29,6 +29,7 @@ type replFlags struct {
 	flush                 time.Duration
 	snapshot              time.Duration
 	partitionShare        float64
+	unreachableAfter      time.Duration
 }
 
 // domains names each region's JetStream domain after the region: regions are
@@ -66,6 +67,9 @@ func (f *replFlags) validate() (replication.Topology, error) {
 	}
 	if f.snapshot <= 0 {
 		return t, fmt.Errorf("--snapshot-interval must be > 0, got %v", f.snapshot)
+	}
+	if f.unreachableAfter <= 0 {
+		return t, fmt.Errorf("--unreachable-after must be > 0, got %v", f.unreachableAfter)
 	}
 	if f.partitionShare < 0 || f.partitionShare > 1 {
 		return t, fmt.Errorf("--partition-share must be between 0 and 1, got %v", f.partitionShare)
@@ -217,7 +221,7 @@ func (f *replFlags) watchPartition(ctx context.Context, r *replication.Replicato
 		case <-ctx.Done():
 			return
 		case now := <-tick.C:
-			cut := r.Unreachable(now, 3*time.Second)
+			cut := r.Unreachable(now, f.unreachableAfter)
 			share := region.Share(regions-len(cut), regions, f.partitionShare)
 			if share != last {
 				log.Warn("global limits rescaled: regions unreachable", "unreachable", cut, "share", share)
