@@ -40,24 +40,15 @@ func decodeBatchFast(body []byte, checks *[]pop.Request) bool {
 		return false
 	}
 	cs := (*checks)[:0]
-	if !d.byte(']') {
-		for {
-			if len(cs) < cap(cs) {
-				cs = cs[:len(cs)+1]
-			} else {
-				cs = append(cs, pop.Request{})
-			}
-			if !d.request(&cs[len(cs)-1]) {
-				return false
-			}
-			if d.byte(',') {
-				continue
-			}
-			if !d.byte(']') {
-				return false
-			}
-			break
+	if !d.list(func() bool {
+		if len(cs) < cap(cs) {
+			cs = cs[:len(cs)+1]
+		} else {
+			cs = append(cs, pop.Request{})
 		}
+		return d.request(&cs[len(cs)-1])
+	}) {
+		return false
 	}
 	*checks = cs
 	if !d.byte('}') {
@@ -205,13 +196,7 @@ func (d *decoder) int() (int64, bool) {
 }
 
 func (d *decoder) descriptors(req *pop.Request) bool {
-	if !d.byte('[') {
-		return false
-	}
-	if d.byte(']') {
-		return true
-	}
-	for {
+	return d.byte('[') && d.list(func() bool {
 		if !d.byte('{') {
 			return false
 		}
@@ -224,30 +209,33 @@ func (d *decoder) descriptors(req *pop.Request) bool {
 		if n := len(req.Descriptors); n < cap(req.Descriptors) {
 			entries = req.Descriptors[:n+1][n].Entries[:0]
 		}
-		if !d.byte(']') {
-			for {
-				e, ok := d.entry()
-				if !ok {
-					return false
-				}
+		if !d.list(func() bool {
+			e, ok := d.entry()
+			if ok {
 				entries = append(entries, e)
-				if d.byte(',') {
-					continue
-				}
-				if !d.byte(']') {
-					return false
-				}
-				break
 			}
-		}
-		if !d.byte('}') {
+			return ok
+		}) || !d.byte('}') {
 			return false
 		}
 		req.Descriptors = append(req.Descriptors, pop.Descriptor{Entries: entries})
-		if d.byte(',') {
-			continue
+		return true
+	})
+}
+
+// list decodes the rest of an array whose '[' has been read: elements, each
+// decoded by elem, separated by commas, through the closing ']'.
+func (d *decoder) list(elem func() bool) bool {
+	if d.byte(']') {
+		return true
+	}
+	for {
+		if !elem() {
+			return false
 		}
-		return d.byte(']')
+		if !d.byte(',') {
+			return d.byte(']')
+		}
 	}
 }
 
