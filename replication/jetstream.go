@@ -1126,9 +1126,17 @@ func (r *Replicator) onDirectSnapshot(m *nats.Msg) {
 	if !ok || kind != kindSnapshot || region == r.cfg.Region || pop == r.cfg.POP {
 		return
 	}
-	slots, bits, err := decodeSnapshotBits(m.Data, region, pop, r.cfg.POP)
+	if r.applySnapshot(m.Data, region, pop) == nil {
+		r.direct.Add(1)
+	}
+}
+
+// applySnapshot decodes the snapshot pop of region published and applies its
+// counts and bits.
+func (r *Replicator) applySnapshot(data []byte, region, pop string) error {
+	slots, bits, err := decodeSnapshotBits(data, region, pop, r.cfg.POP)
 	if err != nil {
-		return
+		return err
 	}
 	if len(slots) > 0 {
 		r.cfg.Counts.Apply(slots)
@@ -1136,7 +1144,7 @@ func (r *Replicator) onDirectSnapshot(m *nats.Msg) {
 	r.applyBits(region, bits, false)
 	r.appliedSnaps.Add(1)
 	r.appliedSnapSlots.Add(uint64(len(slots)))
-	r.direct.Add(1)
+	return nil
 }
 
 // parseSubject splits edgelimit.<region>.<kind>.<pop>.
@@ -1188,17 +1196,10 @@ func (r *Replicator) receive(subject string, data []byte) {
 		r.appliedSlots.Add(uint64(len(slots)))
 		r.lag.Record(time.Since(time.Unix(0, sent)))
 	case kindSnapshot:
-		slots, bits, err := decodeSnapshotBits(data, region, pop, r.cfg.POP)
-		if err != nil {
+		if err := r.applySnapshot(data, region, pop); err != nil {
 			r.drop(err, subject)
 			return
 		}
-		if len(slots) > 0 {
-			r.cfg.Counts.Apply(slots)
-		}
-		r.applyBits(region, bits, false)
-		r.appliedSnaps.Add(1)
-		r.appliedSnapSlots.Add(uint64(len(slots)))
 	case kindBits:
 		bits, err := decodeBits(data, region, pop)
 		if err != nil {
