@@ -163,15 +163,20 @@ func population(sc *Scenario, top *topology, limitRate float64) ([]source, []str
 	return srcs, keys
 }
 
+// offered is the mean number of requests s sends over the run.
+func (s *source) offered() float64 {
+	active := float64(s.end-s.start) / float64(time.Second)
+	if s.on > 0 {
+		active *= float64(s.on) / float64(s.on+s.off)
+	}
+	return s.rate * active
+}
+
 // tracked returns the key with the most offered traffic (the first on ties).
 func tracked(srcs []source, keys int) int {
 	offered := make([]float64, keys)
-	for _, s := range srcs {
-		active := float64(s.end - s.start)
-		if s.on > 0 {
-			active *= float64(s.on) / float64(s.on+s.off)
-		}
-		offered[s.key] += s.rate * active
+	for i := range srcs {
+		offered[srcs[i].key] += srcs[i].offered()
 	}
 	best := 0
 	for k, v := range offered {
@@ -355,13 +360,10 @@ func RunWith(sc Scenario, opt Options) (Report, error) {
 		Sources:       len(srcs), Keys: len(keys), Tracked: keys[tk],
 		SeriesStep: time.Duration(step),
 	}
-	for _, s := range srcs {
-		rate := s.rate * float64(s.end-s.start) / float64(sc.Duration)
-		if s.on > 0 {
-			rate *= float64(s.on) / float64(s.on+s.off)
-		}
-		rep.OfferedPerSecond += rate
+	for i := range srcs {
+		rep.OfferedPerSecond += srcs[i].offered()
 	}
+	rep.OfferedPerSecond /= sc.Duration.Seconds()
 
 	var done atomic.Int64
 	total := time.Duration(int64(len(Strategies)) * int64(sc.Duration))
@@ -742,8 +744,11 @@ func (r *run) arrive(ctx context.Context, i int) error {
 	if err := r.engines[p].CheckAt(ctx, Epoch.Add(time.Duration(now+clock)), &r.req, &r.res); err != nil {
 		return fmt.Errorf("simulate: %s at %v: %w", r.strategy, time.Duration(now), err)
 	}
-	if r.mits != nil && r.mits[p].Stats().Issued > issued {
-		for range r.mits[p].Stats().Issued - issued {
+	if r.mits != nil {
+		issued = r.mits[p].Stats().Issued - issued // the bits this check issued
+	}
+	if issued > 0 {
+		for range issued {
 			r.issuedAt[p] = append(r.issuedAt[p], now)
 		}
 		// As replication.Replicator with a BitsNotifier: publish at once,
