@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"runtime"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -138,7 +136,7 @@ func population(sc *Scenario, top *topology, limitRate float64) ([]source, []str
 	dur := int64(sc.Duration)
 	for i := range m.Sources {
 		s := source{spread: Anycast, pop: rnd.IntN(n), key: len(keys), end: dur}
-		keys = append(keys, "m"+strconv.Itoa(i))
+		keys = append(keys, mixKey(i))
 		if len(spreads) > 0 {
 			x := rnd.Float64() * total
 			for j, w := range weights {
@@ -274,8 +272,9 @@ type run struct {
 	srcs     []source
 	keys     []string
 	strategy Strategy
-	q        *queue     // virtual clock and network randomness
-	traffic  *rand.Rand // arrivals and random spread
+	q        *queue  // virtual clock and network randomness
+	arrivals *reader // the requests, shared with the other strategies' runs
+	names    keyNames
 
 	engines    []*pop.Engine // per PoP; all the same engine when centralized
 	stores     []*store.Memory
@@ -284,10 +283,8 @@ type run struct {
 	oracle     *oracle
 	skew       []int64 // per PoP clock offset
 
-	req    pop.Request
-	res    pop.Result
-	rr     []int32 // next PoP of each spraying source
-	steady *alias  // the sources that send all run long, as one stream
+	req pop.Request
+	res pop.Result
 
 	seq             uint64
 	messages, bytes int64
@@ -332,8 +329,8 @@ type Options struct {
 func Run(sc Scenario) (Report, error) { return RunWith(sc, Options{}) }
 
 // RunWith is Run with options. Strategies run concurrently, one goroutine
-// each (at most GOMAXPROCS at a time); each run is single-threaded and
-// deterministic, so the report does not depend on how they interleave.
+// each; each run is single-threaded and deterministic, so the report does
+// not depend on how they interleave.
 func RunWith(sc Scenario, opt Options) (Report, error) {
 	// Validate fills in defaults: on copies, so that the caller's scenario
 	// is never written to.
@@ -369,18 +366,21 @@ func RunWith(sc Scenario, opt Options) (Report, error) {
 	total := time.Duration(int64(len(Strategies)) * int64(sc.Duration))
 	rep.Results = make([]Result, len(Strategies))
 	errs := make([]error, len(Strategies))
-	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	// All strategies run at once: they read one traffic, and a run that is
+	// ahead waits for the slowest (see traffic).
+	tr := newTraffic(sc.Seed, srcs, len(top.pops), int64(sc.Duration), len(Strategies))
 	var wg sync.WaitGroup
 	for i, st := range Strategies {
 		wg.Add(1)
-		sem <- struct{}{}
 		go func() {
-			defer func() { <-sem; wg.Done() }()
+			defer wg.Done()
 			var progress func(int64)
 			if opt.Progress != nil {
 				progress = func(d int64) { opt.Progress(time.Duration(done.Add(d)), total) }
 			}
-			rep.Results[i], errs[i] = runStrategy(&sc, top, srcs, keys, tk, step, st, progress)
+			arrivals := &reader{t: tr, id: i}
+			defer arrivals.close()
+			rep.Results[i], errs[i] = runStrategy(&sc, top, arrivals, keys, tk, step, st, progress)
 		}()
 	}
 	wg.Wait()
@@ -390,15 +390,21 @@ func RunWith(sc Scenario, opt Options) (Report, error) {
 	return rep, nil
 }
 
-func runStrategy(sc *Scenario, top *topology, srcs []source, keys []string, tk int, step int64, st Strategy, progress func(int64)) (Result, error) {
+// runStrategy simulates sc under st, on the requests arrivals reads; keys
+// names the keys, tk is the tracked one.
+func runStrategy(sc *Scenario, top *topology, arrivals *reader, keys []string, tk int, step int64, st Strategy, progress func(int64)) (Result, error) {
 	spec, unit, _ := sc.Limit.spec()
 	n := len(top.pops)
+	named := len(keys)
+	if sc.Mix != nil {
+		named -= sc.Mix.Sources
+	}
 	r := &run{
-		sc: sc, top: top, srcs: srcs, keys: keys, strategy: st,
+		sc: sc, top: top, strategy: st,
 		q:          newQueue(sc.Seed, streamNetwork),
-		traffic:    rand.New(rand.NewPCG(sc.Seed, streamTraffic)),
+		arrivals:   arrivals,
+		names:      keyNames{named: keys[:named]},
 		oracle:     newOracle(spec.Window, spec.Limit, len(keys), tk, step, int64(sc.Duration)),
-		rr:         make([]int32, len(srcs)),
 		skew:       make([]int64, n),
 		window:     spec.Window,
 		duration:   int64(sc.Duration),
@@ -466,24 +472,6 @@ func runStrategy(sc *Scenario, top *topology, srcs []source, keys []string, tk i
 		}
 	}
 
-	// Sources sending all run long at a constant rate are one Poisson
-	// stream of their summed rate whose arrivals pick a source in proportion
-	// to its rate: the same process as one stream per source, exactly, but
-	// with one event in the queue for all of them instead of one each (a
-	// mix has hundreds of thousands).
-	var rates []float64
-	var idx []int
-	for i := range srcs {
-		if s := &srcs[i]; s.start == 0 && s.end >= r.duration && s.on == 0 {
-			rates, idx = append(rates, s.rate), append(idx, i)
-			continue
-		}
-		r.scheduleArrival(i, srcs[i].start)
-	}
-	if len(idx) > 0 {
-		r.steady = newAlias(rates, idx)
-		r.scheduleSteady()
-	}
 	if r.replicated {
 		r.lastSweep = make([]int64, n)
 		r.heard, r.share = make([][]int64, n), make([]float64, n)
@@ -514,50 +502,24 @@ func (r *run) loop(ctx context.Context) error {
 	const progressEvery = 1 << 16
 	reported, events := int64(0), 0
 	for {
-		e, ok := r.q.next()
-		if !ok || e.at >= r.duration {
-			break
+		// The next request, unless an event comes strictly before it.
+		a, ok := r.arrivals.peek()
+		if ok && (len(r.q.h) == 0 || a.at <= r.q.h[0].at) {
+			r.q.now = a.at
+			r.arrivals.pos++
+			if err := r.arrive(ctx, int(a.key), int(a.pop)); err != nil {
+				return err
+			}
+		} else {
+			e, ok := r.q.next()
+			if !ok || e.at >= r.duration {
+				break
+			}
+			r.fire(e)
 		}
 		if events++; r.progress != nil && events%progressEvery == 0 {
 			r.progress(r.q.now - reported)
 			reported = r.q.now
-		}
-		switch e.kind {
-		case evArrival:
-			if err := r.arrive(ctx, e.idx); err != nil {
-				return err
-			}
-			r.scheduleArrival(e.idx, r.q.now)
-		case evSteady:
-			if err := r.arrive(ctx, r.steady.pick(r.traffic)); err != nil {
-				return err
-			}
-			r.scheduleSteady()
-		case evFlush:
-			r.flush(e.idx)
-		case evBits:
-			r.bitsArmed[e.idx], r.lastBits[e.idx] = false, r.q.now
-			r.publishBits(e.idx, nil)
-		case evSnapshot:
-			r.publish(e.idx, r.stores[e.idx].Own(), nil, nil)
-			r.q.schedule(event{at: r.q.now + int64(r.sc.SnapshotInterval), kind: evSnapshot, idx: e.idx})
-		case evDeliver:
-			r.deliver(e.idx, e.msg)
-		case evHello:
-			r.hello(e.idx)
-		case evBeacon:
-			r.heard[e.idx][e.arg] = r.q.now
-		case evWatch:
-			r.watch(e.idx)
-		case evHeal:
-			h := healState{at: r.q.now, own: make([][]crdt.Slot, len(r.stores))}
-			for i, s := range r.stores {
-				h.own[i] = s.Own()
-			}
-			r.heals = append(r.heals, h)
-			r.q.schedule(event{at: r.q.now, kind: evConverge, idx: len(r.heals) - 1})
-		case evConverge:
-			r.converge(e.idx)
 		}
 	}
 	for i := range r.heals {
@@ -569,6 +531,37 @@ func (r *run) loop(ctx context.Context) error {
 		r.progress(r.duration - reported)
 	}
 	return nil
+}
+
+// fire does what event e says.
+func (r *run) fire(e event) {
+	switch e.kind {
+	case evFlush:
+		r.flush(e.idx)
+	case evBits:
+		r.bitsArmed[e.idx], r.lastBits[e.idx] = false, r.q.now
+		r.publishBits(e.idx, nil)
+	case evSnapshot:
+		r.publish(e.idx, r.stores[e.idx].Own(), nil, nil)
+		r.q.schedule(event{at: r.q.now + int64(r.sc.SnapshotInterval), kind: evSnapshot, idx: e.idx})
+	case evDeliver:
+		r.deliver(e.idx, e.msg)
+	case evHello:
+		r.hello(e.idx)
+	case evBeacon:
+		r.heard[e.idx][e.arg] = r.q.now
+	case evWatch:
+		r.watch(e.idx)
+	case evHeal:
+		h := healState{at: r.q.now, own: make([][]crdt.Slot, len(r.stores))}
+		for i, s := range r.stores {
+			h.own[i] = s.Own()
+		}
+		r.heals = append(r.heals, h)
+		r.q.schedule(event{at: r.q.now, kind: evConverge, idx: len(r.heals) - 1})
+	case evConverge:
+		r.converge(e.idx)
+	}
 }
 
 // flush publishes PoP p's delta and the bits it issued since its last
@@ -685,58 +678,14 @@ func (r *run) converge(h int) {
 	r.convergence = append(r.convergence, r.q.now-hs.at)
 }
 
-// scheduleSteady schedules the next arrival of the steady sources' stream.
-func (r *run) scheduleSteady() {
-	at := r.q.now + int64(r.traffic.ExpFloat64()/r.steady.total*float64(time.Second))
-	if at < r.duration {
-		r.q.schedule(event{at: at, kind: evSteady})
-	}
-}
-
-// scheduleArrival schedules source i's next request, a Poisson arrival after
-// from, unless it falls past the source's end. An arrival drawn inside an
-// off phase moves to the next on phase and is drawn again from there (the
-// exponential has no memory).
-func (r *run) scheduleArrival(i int, from int64) {
-	s := &r.srcs[i]
-	for {
-		at := from + int64(r.traffic.ExpFloat64()/s.rate*float64(time.Second))
-		if at >= s.end {
-			return
-		}
-		if s.on > 0 {
-			period := s.on + s.off
-			if ph := (at - s.start) % period; ph >= s.on {
-				from = at - ph + period
-				continue
-			}
-		}
-		r.q.schedule(event{at: at, kind: evArrival, idx: i})
-		return
-	}
-}
-
-// arrive decides a request of source i at the PoP its spread picks and
-// grades the decision.
-func (r *run) arrive(ctx context.Context, i int) error {
-	s := &r.srcs[i]
-	n := len(r.top.pops)
-	var p int
-	switch s.spread {
-	case Anycast:
-		p = s.pop
-	case Spray:
-		p = (i + int(r.rr[i])) % n
-		r.rr[i] = int32((int(r.rr[i]) + 1) % n)
-	case Random:
-		p = r.traffic.IntN(n)
-	}
+// arrive decides a request on key k at PoP p and grades the decision.
+func (r *run) arrive(ctx context.Context, k, p int) error {
 	now := r.q.now
 	var issued uint64
 	if r.mits != nil {
 		issued = r.mits[p].Stats().Issued
 	}
-	r.req.Descriptors[0].Entries[0].Value = r.keys[s.key]
+	r.req.Descriptors[0].Entries[0].Value = r.names.name(k) // the engine copies it
 	clock := r.skew[p]
 	if r.strategy == Centralized {
 		clock = r.skew[0] // the central store decides on its own clock
@@ -758,7 +707,7 @@ func (r *run) arrive(ctx context.Context, i int) error {
 			r.q.schedule(event{at: max(now, r.lastBits[p]+int64(r.sc.BitsInterval)), kind: evBits, idx: p})
 		}
 	}
-	r.oracle.decide(s.key, now, 1, r.res.Code == pop.OK)
+	r.oracle.decide(k, now, 1, r.res.Code == pop.OK)
 	if r.strategy == Centralized {
 		r.latencyNs += 2 * r.top.base[r.top.region[p]][0]
 	}
