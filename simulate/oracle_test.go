@@ -3,6 +3,7 @@ package simulate
 import (
 	"slices"
 	"testing"
+	"unsafe"
 )
 
 // TestOracle grades timelines computed by hand: window 10ns, limit 3.
@@ -75,7 +76,7 @@ func TestOracle(t *testing.T) {
 				o.decide(0, d.at, 1, d.admit)
 			}
 			o.finish()
-			k := o.keys[0]
+			k := o.firsts[0]
 			got := []int64{o.falseAllow, o.falseDeny, o.legitDeny, o.worst, o.admitted, k.crossing, k.firstDeny, o.fixedWindows, o.fixedExcess}
 			want := []int64{c.falseAllow, c.falseDeny, c.legit, c.worst, c.admitted, c.crossing, c.firstDeny, c.windows, c.excess}
 			names := []string{"false allows", "false denies", "legit denies", "worst", "admitted", "crossing", "first deny", "windows", "excess"}
@@ -151,7 +152,7 @@ func TestOracleKeys(t *testing.T) {
 	if !slices.Equal(o.lags, []int64{2}) {
 		t.Errorf("lags %v, want [2] (key 0 crossed at 4, denied at 6; key 1 never crossed)", o.lags)
 	}
-	if o.keys[2].fixedCount != 0 || o.keys[2].crossing != -1 {
+	if o.keys[2].fixedCount != 0 || o.firsts[2].crossing != -1 {
 		t.Error("key 2 was touched")
 	}
 }
@@ -167,5 +168,12 @@ func TestQuantiles(t *testing.T) {
 	q := quantiles(s)
 	if q.N != 100 || q.P50 != 50 || q.P99 != 99 || q.Max != 100 {
 		t.Errorf("quantiles of 1..100 = %+v", q)
+	}
+}
+
+// TestKeyLogSize: a key's log header stays one cache line (see keyLog).
+func TestKeyLogSize(t *testing.T) {
+	if n := unsafe.Sizeof(keyLog{}); n != 64 {
+		t.Fatalf("keyLog is %d bytes, want 64", n)
 	}
 }

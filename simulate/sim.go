@@ -784,7 +784,7 @@ func bitsSize(replica string, bits []crdt.Bit) int {
 
 func (r *run) result() Result {
 	o := r.oracle
-	tk := &o.keys[o.tracked]
+	tk := &o.firsts[o.tracked]
 	res := Result{
 		Strategy:         r.strategy.String(),
 		Decisions:        o.decisions,
