@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/edgelimit/edgelimit/crdt"
@@ -151,4 +152,150 @@ func BenchmarkSlots(b *testing.B) {
 			b.Fatal("short snapshot")
 		}
 	}
+}
+
+// The cache-missing benchmarks below hold missKeys keys in two windows, as a
+// PoP of the simulator does, and touch a key drawn at random from the whole
+// state on every op, so that each op finds its slot out of cache as real
+// traffic does. The keys to touch are laid out in op order in one string
+// ahead of the timed loop, so that reading the next key is itself sequential
+// and only the structure under test misses.
+const (
+	missKeys = 500_000
+	missOps  = 1 << 20 // key sequence length; a power of two
+)
+
+func missKey(i int) string { return "api_key=" + strconv.Itoa(i) }
+
+// missSequence returns missOps keys drawn at random from missKeys, each a
+// fresh string, and the windows to touch them in, each w0 or w1.
+func missSequence() ([]string, []int64) {
+	r := rand.New(rand.NewPCG(3, 4))
+	var sb strings.Builder
+	ends := make([]int, missOps)
+	wins := make([]int64, missOps)
+	for i := range ends {
+		sb.WriteString(missKey(r.IntN(missKeys)))
+		ends[i] = sb.Len()
+		wins[i] = w0 + int64(r.IntN(2))*(w1-w0)
+	}
+	all := sb.String()
+	seq := make([]string, missOps)
+	start := 0
+	for i, end := range ends {
+		seq[i], start = all[start:end], end
+	}
+	return seq, wins
+}
+
+// heapAfter returns the heap bytes in use after a GC.
+func heapAfter() uint64 {
+	var m runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// BenchmarkMissCounters is Counters under cache misses: missKeys keys × 2
+// windows, each counted by one replica (an anycast client stays on one PoP)
+// or by all six. "join" joins one slot that grows, for a random key and
+// window and one of the replicas that counted it (a remote flush arriving);
+// "total" reads a random key's total over all replicas, as a check does.
+func BenchmarkMissCounters(b *testing.B) {
+	seq, wins := missSequence()
+	for _, nrep := range []int{1, len(benchReplicas)} {
+		before := heapAfter()
+		c := new(crdt.Counters)
+		for k := range missKeys {
+			key := missKey(k)
+			for _, w := range []int64{w0, w1} {
+				for _, r := range benchReplicas[:nrep] {
+					c.Join(crdt.Slot{Key: key, Window: w, Replica: r, Count: 1})
+				}
+			}
+		}
+		perKey := float64(heapAfter()-before) / (2 * missKeys)
+		next := uint64(2) // above every count of the state and earlier joins, so that every join grows
+		b.Run(fmt.Sprintf("replicas=%d/join", nrep), func(b *testing.B) {
+			b.ReportAllocs()
+			one := make([]crdt.Slot, 1)
+			i := 0
+			for b.Loop() {
+				j := i & (missOps - 1)
+				one[0] = crdt.Slot{Key: seq[j], Window: wins[j], Replica: benchReplicas[i%nrep], Count: next}
+				next++
+				if c.Join(one...) != 1 {
+					b.Fatal("join did not grow")
+				}
+				i++
+			}
+			b.ReportMetric(perKey, "heapB/key")
+		})
+		b.Run(fmt.Sprintf("replicas=%d/total", nrep), func(b *testing.B) {
+			b.ReportAllocs()
+			var sum uint64
+			i := 0
+			for b.Loop() {
+				j := i & (missOps - 1)
+				sum += c.Total(seq[j], wins[j], nil)
+				i++
+			}
+			if sum == 0 {
+				b.Fatal("no counts")
+			}
+		})
+	}
+}
+
+// BenchmarkMissLocal is Local under cache misses: missKeys keys × 2 windows
+// of own counts, and each op counts or reads a random one of them, as a check
+// of a replicated limit does.
+func BenchmarkMissLocal(b *testing.B) {
+	seq, wins := missSequence()
+	bseq := make([][]byte, len(seq))
+	for i, k := range seq {
+		bseq[i] = []byte(k)
+	}
+	before := heapAfter()
+	l := crdt.NewLocal("fra1")
+	for k := range missKeys {
+		l.Add(missKey(k), w0, 1)
+		l.Add(missKey(k), w1, 1)
+	}
+	l.Delta()
+	perKey := float64(heapAfter()-before) / (2 * missKeys)
+	b.Run("add", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			j := i & (missOps - 1)
+			l.Add(seq[j], wins[j], 1)
+			i++
+		}
+		b.ReportMetric(perKey, "heapB/key")
+	})
+	l.Delta()
+	b.Run("addBytes", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			j := i & (missOps - 1)
+			l.AddBytes(bseq[j], wins[j], 1)
+			i++
+		}
+	})
+	l.Delta()
+	b.Run("count", func(b *testing.B) {
+		b.ReportAllocs()
+		var sum uint64
+		i := 0
+		for b.Loop() {
+			j := i & (missOps - 1)
+			sum += l.Count(seq[j], wins[j])
+			i++
+		}
+		if sum == 0 {
+			b.Fatal("no counts")
+		}
+	})
 }

@@ -1,7 +1,6 @@
 package crdt
 
 import (
-	"maps"
 	"slices"
 	"strings"
 )
@@ -19,17 +18,31 @@ import (
 // The zero value is an empty Counters ready to use. A Counters is not safe for
 // concurrent use.
 type Counters struct {
-	windows map[int64]map[string][]count // window -> key -> counts sorted by replica
-	names   map[string]string            // interned replica names
-	n       int                          // number of stored slots
-	floor   int64                        // windows below floor are dropped; valid if floored
+	windows windows[counts] // per window, key -> counts
+	hash    hasher
+	names   []string          // interned replica names, by index
+	ids     map[string]uint32 // replica name -> index in names
+	n       int               // number of stored slots
+	floor   int64             // windows below floor are dropped; valid if floored
 	floored bool
 }
 
-// count is one replica's count within a (key, window).
-type count struct {
-	replica string
-	n       uint64
+// counts is the counts of one (key, window). The first replica to count the
+// key is held inline, so that a key counted by one other PoP, the common case
+// (an anycast client stays on one PoP), costs one cache miss to join or read;
+// further replicas cost one more miss, in more. Replicas are indexes into
+// Counters.names rather than strings, which keeps counts small and leaves
+// the backing arrays of more free of pointers for the garbage collector to
+// scan.
+type counts struct {
+	n    uint64 // the first replica's count, never zero
+	rep  uint32
+	more []repCount // further replicas, in the order they first counted
+}
+
+type repCount struct {
+	rep uint32
+	n   uint64
 }
 
 // Join merges slots into c, keeping for each (key, window, replica) the larger
@@ -39,72 +52,95 @@ type count struct {
 // the effect of joining it once.
 func (c *Counters) Join(slots ...Slot) (changed int) {
 	var (
-		wm   map[string][]count
-		last int64
+		wt      *window[counts]
+		lastRep string
+		rep     uint32
+		haveRep bool
 	)
-	for _, s := range slots {
+	for i := range slots {
+		s := &slots[i]
 		if s.Count == 0 || (c.floored && s.Window < c.floor) {
 			continue
 		}
-		if wm == nil || s.Window != last {
-			wm, last = c.window(s.Window), s.Window
+		if wt == nil || s.Window != wt.start {
+			wt = c.windows.open(s.Window)
 		}
-		if c.join(wm, s) {
+		// Slots come in runs of one replica, so the name is usually the
+		// previous one and costs a string comparison, not a map lookup.
+		if !haveRep || s.Replica != lastRep {
+			rep, lastRep, haveRep = c.intern(s.Replica), s.Replica, true
+		}
+		if c.join(wt, s, rep) {
 			changed++
 		}
 	}
 	return changed
 }
 
-// window returns the key map for window w, creating it if needed.
-func (c *Counters) window(w int64) map[string][]count {
-	wm := c.windows[w]
-	if wm == nil {
-		if c.windows == nil {
-			c.windows = make(map[int64]map[string][]count)
-		}
-		wm = make(map[string][]count)
-		c.windows[w] = wm
-	}
-	return wm
-}
-
-// join merges one slot into the key map of its window and reports whether it
-// grew. Requires s.Count > 0, so that no zero count is ever stored.
-func (c *Counters) join(wm map[string][]count, s Slot) bool {
-	cs := wm[s.Key]
-	i, found := search(cs, s.Replica)
-	if found {
-		if s.Count <= cs[i].n {
-			return false
-		}
-		cs[i].n = s.Count // shares the backing array with the map's value
+// join merges one slot, of interned replica rep, into the table of its window
+// and reports whether it grew. Requires s.Count > 0, so that no zero count is
+// ever stored.
+func (c *Counters) join(wt *window[counts], s *Slot, rep uint32) bool {
+	h := c.hash.string(s.Key)
+	i := wt.find(h)
+	if i < 0 {
+		i = wt.insert(h, s.Key)
+		wt.table.slots[i].v = counts{n: s.Count, rep: rep}
+		wt.count++
+		c.n++
 		return true
 	}
-	wm[s.Key] = slices.Insert(cs, i, count{replica: c.intern(s.Replica), n: s.Count})
+	e := &wt.table.slots[i].v
+	if e.rep == rep {
+		if s.Count <= e.n {
+			return false
+		}
+		e.n = s.Count
+		return true
+	}
+	for j := range e.more {
+		if m := &e.more[j]; m.rep == rep {
+			if s.Count <= m.n {
+				return false
+			}
+			m.n = s.Count
+			return true
+		}
+	}
+	e.more = append(e.more, repCount{rep: rep, n: s.Count})
+	wt.count++
 	c.n++
 	return true
 }
 
-// intern returns the stored copy of the replica name r, so that a million
-// slots of a few replicas share a few strings however the slots were decoded.
-func (c *Counters) intern(r string) string {
-	if s, ok := c.names[r]; ok {
-		return s
+// intern returns the index of the replica name r, adding a copy of r to the
+// names if it is new. The copy keeps a name decoded from a large message from
+// keeping the whole message alive.
+func (c *Counters) intern(r string) uint32 {
+	if id, ok := c.ids[r]; ok {
+		return id
 	}
-	if c.names == nil {
-		c.names = make(map[string]string)
+	if c.ids == nil {
+		c.ids = make(map[string]uint32)
 	}
-	c.names[r] = r
-	return r
+	id := uint32(len(c.names))
+	r = strings.Clone(r)
+	c.names = append(c.names, r)
+	c.ids[r] = id
+	return id
 }
 
-// search finds replica in counts sorted by replica: its index and true, or
-// the index to insert it at and false.
-func search(cs []count, replica string) (int, bool) {
-	return slices.BinarySearchFunc(cs, replica, func(e count, r string) int {
-		return strings.Compare(e.replica, r)
-	})
+// lookup returns the counts of (key, window), or nil.
+func (c *Counters) lookup(key string, window int64) *counts {
+	wt := c.windows.get(window)
+	if wt == nil {
+		return nil
+	}
+	i := wt.find(c.hash.string(key))
+	if i < 0 {
+		return nil
+	}
+	return &wt.table.slots[i].v
 }
 
 // Total returns the sum of the counts for (key, window) over the replicas
@@ -112,10 +148,17 @@ func search(cs []count, replica string) (int, bool) {
 // math.MaxUint64 instead of wrapping. It allocates nothing and costs one call
 // of in per replica that has counted the key in the window.
 func (c *Counters) Total(key string, window int64, in func(replica string) bool) uint64 {
+	e := c.lookup(key, window)
+	if e == nil {
+		return 0
+	}
 	var sum uint64
-	for _, e := range c.windows[window][key] {
-		if in == nil || in(e.replica) {
-			sum = addSat(sum, e.n)
+	if in == nil || in(c.names[e.rep]) {
+		sum = e.n
+	}
+	for _, m := range e.more {
+		if in == nil || in(c.names[m.rep]) {
+			sum = addSat(sum, m.n)
 		}
 	}
 	return sum
@@ -124,9 +167,21 @@ func (c *Counters) Total(key string, window int64, in func(replica string) bool)
 // Replica returns the count of one replica for (key, window), zero if c has
 // none.
 func (c *Counters) Replica(key string, window int64, replica string) uint64 {
-	cs := c.windows[window][key]
-	if i, ok := search(cs, replica); ok {
-		return cs[i].n
+	rep, ok := c.ids[replica]
+	if !ok {
+		return 0
+	}
+	e := c.lookup(key, window)
+	switch {
+	case e == nil:
+		return 0
+	case e.rep == rep:
+		return e.n
+	}
+	for _, m := range e.more {
+		if m.rep == rep {
+			return m.n
+		}
 	}
 	return 0
 }
@@ -140,17 +195,12 @@ func (c *Counters) DropBefore(window int64) (dropped int) {
 	if !c.floored || window > c.floor {
 		c.floor, c.floored = window, true
 	}
-	for w, wm := range c.windows {
-		if w < c.floor {
-			for _, cs := range wm {
-				dropped += len(cs)
-			}
-			delete(c.windows, w)
-		}
-	}
+	dropped, _ = c.windows.dropBefore(c.floor)
 	c.n -= dropped
 	if c.n == 0 {
-		c.names = nil // let a churn of replica names be collected
+		// No slot refers to a replica index any more: forget the names, so
+		// that a churn of replica names is collected.
+		c.names, c.ids = nil, nil
 	}
 	return dropped
 }
@@ -164,11 +214,35 @@ func (c *Counters) Slots() []Slot {
 		return nil
 	}
 	out := make([]Slot, 0, c.n)
-	for _, w := range slices.Sorted(maps.Keys(c.windows)) {
-		wm := c.windows[w]
-		for _, k := range slices.Sorted(maps.Keys(wm)) {
-			for _, e := range wm[k] {
-				out = append(out, Slot{Key: k, Window: w, Replica: e.replica, Count: e.n})
+	// rank[id] orders the replica names, so that a key's counts sort by a
+	// small integer rather than by name.
+	byName := make([]uint32, len(c.names))
+	for id := range byName {
+		byName[id] = uint32(id)
+	}
+	slices.SortFunc(byName, func(a, b uint32) int { return strings.Compare(c.names[a], c.names[b]) })
+	rank := make([]uint32, len(c.names))
+	for r, id := range byName {
+		rank[id] = uint32(r)
+	}
+	var (
+		idx []int
+		cs  []repCount
+	)
+	for _, wt := range c.windows { // sorted by window
+		idx = wt.occupied(idx[:0])
+		slices.SortFunc(idx, func(a, b int) int { return strings.Compare(wt.keys[a], wt.keys[b]) })
+		for _, i := range idx {
+			k, e := wt.keys[i], &wt.table.slots[i].v
+			cs = append(append(cs[:0], repCount{rep: e.rep, n: e.n}), e.more...)
+			// Insertion sort: a key has a few replicas at most.
+			for j := 1; j < len(cs); j++ {
+				for m := j; m > 0 && rank[cs[m].rep] < rank[cs[m-1].rep]; m-- {
+					cs[m], cs[m-1] = cs[m-1], cs[m]
+				}
+			}
+			for _, x := range cs {
+				out = append(out, Slot{Key: k, Window: wt.start, Replica: c.names[x.rep], Count: x.n})
 			}
 		}
 	}

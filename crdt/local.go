@@ -2,7 +2,6 @@ package crdt
 
 import (
 	"cmp"
-	"maps"
 	"slices"
 	"strings"
 )
@@ -26,19 +25,28 @@ import (
 // not safe for concurrent use.
 type Local struct {
 	replica string
-	windows map[int64]map[string]*cell // window -> key -> own count
-	dirty   []*cell                    // cells changed since the last Delta
-	n       int                        // number of cells
-	floor   int64                      // windows below floor are dropped; valid if floored
+	windows windows[own] // per window, key -> own count
+	hash    hasher
+	dirty   []dirtyRef // counts changed since the last Delta
+	order   []int32    // scratch for Delta's sort
+	n       int        // number of counts
+	floor   int64      // windows below floor are dropped; valid if floored
 	floored bool
 }
 
-// cell is this replica's count for one (key, window).
-type cell struct {
-	key    string
+// own is this replica's count for one (key, window), held inline in its
+// window's table.
+type own struct {
+	n     uint64
+	dirty bool // in Local.dirty
+}
+
+// dirtyRef names a changed count by its window and key hash rather than by
+// its slot, since a table moves its slots when it grows. Delta looks the
+// count up again, once per changed count and flush.
+type dirtyRef struct {
 	window int64
-	n      uint64
-	dirty  bool // in Local.dirty
+	hash   uint64
 }
 
 // NewLocal returns an empty Local for the named replica.
@@ -60,32 +68,65 @@ func (l *Local) Add(key string, window int64, n uint64) uint64 {
 	if n == 0 {
 		return l.Count(key, window)
 	}
-	c := l.cell(key, window)
-	c.n = addSat(c.n, n)
-	l.markDirty(c)
-	return c.n
+	h := l.hash.string(key)
+	wt := l.windows.open(window)
+	i := wt.find(h)
+	if i < 0 {
+		i = l.insert(wt, h, key)
+	}
+	return l.add(wt, i, n)
 }
 
 // AddBytes is Add for a key held in bytes: it converts the key to a string
 // (an allocation) only for a (key, window) it does not hold yet, so counting
 // a known key allocates nothing.
 func (l *Local) AddBytes(key []byte, window int64, n uint64) uint64 {
-	if wm := l.windows[window]; wm != nil && !(l.floored && window < l.floor) {
-		if c := wm[string(key)]; c != nil { // no allocation: a lookup
-			if n > 0 {
-				c.n = addSat(c.n, n)
-				l.markDirty(c)
-			}
-			return c.n
-		}
+	if l.floored && window < l.floor {
+		return 0
 	}
-	return l.Add(string(key), window, n)
+	h := l.hash.bytes(key) // equal to l.hash.string(string(key))
+	wt := l.windows.get(window)
+	i := -1
+	if wt != nil {
+		i = wt.find(h)
+	}
+	switch {
+	case n == 0 && i < 0:
+		return 0
+	case n == 0:
+		return wt.table.slots[i].v.n
+	case i < 0:
+		if wt == nil {
+			wt = l.windows.open(window)
+		}
+		i = l.insert(wt, h, string(key))
+	}
+	return l.add(wt, i, n)
+}
+
+// insert adds the key of hash h to wt with a zero count and returns its slot.
+// Callers raise the count at once, so no zero count stays held.
+func (l *Local) insert(wt *window[own], h uint64, key string) int {
+	l.n++
+	return wt.insert(h, key)
+}
+
+// add adds n > 0 to the count in slot i of wt, marks it dirty and returns it.
+func (l *Local) add(wt *window[own], i int, n uint64) uint64 {
+	c := &wt.table.slots[i]
+	c.v.n = addSat(c.v.n, n)
+	l.markDirty(wt.start, c)
+	return c.v.n
 }
 
 // Count returns this replica's count for (key, window), zero if none.
 func (l *Local) Count(key string, window int64) uint64 {
-	if c := l.windows[window][key]; c != nil {
-		return c.n
+	wt := l.windows.get(window)
+	if wt == nil {
+		return 0
+	}
+	if i := wt.find(l.hash.string(key)); i >= 0 {
+		return wt.table.slots[i].v.n
 	}
 	return 0
 }
@@ -101,40 +142,25 @@ func (l *Local) Restore(slots ...Slot) (raised int) {
 		if s.Replica != l.replica || s.Count == 0 || (l.floored && s.Window < l.floor) {
 			continue
 		}
-		c := l.cell(s.Key, s.Window)
-		if s.Count > c.n {
-			c.n = s.Count
-			l.markDirty(c)
+		h := l.hash.string(s.Key)
+		wt := l.windows.open(s.Window)
+		i := wt.find(h)
+		if i < 0 {
+			i = l.insert(wt, h, s.Key)
+		}
+		if c := &wt.table.slots[i]; s.Count > c.v.n {
+			c.v.n = s.Count
+			l.markDirty(wt.start, c)
 			raised++
 		}
 	}
 	return raised
 }
 
-// cell returns the cell for (key, window), creating it with a zero count.
-// Callers raise the count of a new cell at once, so no zero count stays held.
-func (l *Local) cell(key string, window int64) *cell {
-	wm := l.windows[window]
-	if wm == nil {
-		if l.windows == nil {
-			l.windows = make(map[int64]map[string]*cell)
-		}
-		wm = make(map[string]*cell)
-		l.windows[window] = wm
-	}
-	c := wm[key]
-	if c == nil {
-		c = &cell{key: key, window: window}
-		wm[key] = c
-		l.n++
-	}
-	return c
-}
-
-func (l *Local) markDirty(c *cell) {
-	if !c.dirty {
-		c.dirty = true
-		l.dirty = append(l.dirty, c)
+func (l *Local) markDirty(window int64, c *entry[own]) {
+	if !c.v.dirty {
+		c.v.dirty = true
+		l.dirty = append(l.dirty, dirtyRef{window: window, hash: c.hash})
 	}
 }
 
@@ -147,21 +173,51 @@ func (l *Local) Delta() []Slot {
 	if len(l.dirty) == 0 {
 		return nil
 	}
-	// Sorting the pointers by (window, key) is CompareSlots order, since
-	// every slot has the same replica and a distinct (window, key).
-	slices.SortFunc(l.dirty, func(a, b *cell) int {
-		if c := cmp.Compare(a.window, b.window); c != 0 {
+	out := make([]Slot, len(l.dirty))
+	var wt *window[own]
+	for j, d := range l.dirty {
+		if wt == nil || wt.start != d.window {
+			wt = l.windows.get(d.window) // held: DropBefore drops the refs of dropped windows
+		}
+		i := wt.find(d.hash)
+		c := &wt.table.slots[i]
+		c.v.dirty = false
+		out[j] = Slot{Key: wt.keys[i], Window: d.window, Replica: l.replica, Count: c.v.n}
+	}
+	l.dirty = l.dirty[:0]
+	// Sorting by (window, key) is CompareSlots order, since every slot has
+	// the same replica and a distinct (window, key). Sorting indexes and then
+	// moving each slot once is cheaper than letting the sort swap slots of
+	// 48 bytes; the indexes are kept for the next Delta.
+	order := l.order[:0]
+	for j := range out {
+		order = append(order, int32(j))
+	}
+	slices.SortFunc(order, func(a, b int32) int {
+		sa, sb := &out[a], &out[b]
+		if c := cmp.Compare(sa.Window, sb.Window); c != 0 {
 			return c
 		}
-		return strings.Compare(a.key, b.key)
+		return strings.Compare(sa.Key, sb.Key)
 	})
-	out := make([]Slot, len(l.dirty))
-	for i, c := range l.dirty {
-		c.dirty = false
-		out[i] = Slot{Key: c.key, Window: c.window, Replica: l.replica, Count: c.n}
+	// Put out[order[k]] at k, one permutation cycle at a time.
+	for k := range order {
+		if int(order[k]) == k {
+			continue
+		}
+		first, j := out[k], k
+		for {
+			src := int(order[j])
+			order[j] = int32(j) // done
+			if src == k {
+				out[j] = first
+				break
+			}
+			out[j] = out[src]
+			j = src
+		}
 	}
-	clear(l.dirty) // drop the pointers so dropped cells can be collected
-	l.dirty = l.dirty[:0]
+	l.order = order
 	return out
 }
 
@@ -176,10 +232,12 @@ func (l *Local) Slots() []Slot {
 		return nil
 	}
 	out := make([]Slot, 0, l.n)
-	for _, w := range slices.Sorted(maps.Keys(l.windows)) {
-		wm := l.windows[w]
-		for _, k := range slices.Sorted(maps.Keys(wm)) {
-			out = append(out, Slot{Key: k, Window: w, Replica: l.replica, Count: wm[k].n})
+	var idx []int
+	for _, wt := range l.windows { // sorted by window
+		idx = wt.occupied(idx[:0])
+		slices.SortFunc(idx, func(a, b int) int { return strings.Compare(wt.keys[a], wt.keys[b]) })
+		for _, i := range idx {
+			out = append(out, Slot{Key: wt.keys[i], Window: wt.start, Replica: l.replica, Count: wt.table.slots[i].v.n})
 		}
 	}
 	return out
@@ -193,22 +251,10 @@ func (l *Local) DropBefore(window int64) (dropped int) {
 	if !l.floored || window > l.floor {
 		l.floor, l.floored = window, true
 	}
-	for w, wm := range l.windows {
-		if w < l.floor {
-			dropped += len(wm)
-			delete(l.windows, w)
-		}
-	}
+	_, dropped = l.windows.dropBefore(l.floor)
 	l.n -= dropped
 	if dropped > 0 {
-		kept := l.dirty[:0]
-		for _, c := range l.dirty {
-			if c.window >= l.floor {
-				kept = append(kept, c)
-			}
-		}
-		clear(l.dirty[len(kept):])
-		l.dirty = kept
+		l.dirty = slices.DeleteFunc(l.dirty, func(d dirtyRef) bool { return d.window < l.floor })
 	}
 	return dropped
 }
