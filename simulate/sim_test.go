@@ -9,6 +9,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/edgelimit/edgelimit/crdt"
+	edgelimitpb "github.com/edgelimit/edgelimit/proto"
 )
 
 func load(t testing.TB, name string) Scenario {
@@ -487,5 +492,35 @@ func TestFixedWindowRuns(t *testing.T) {
 	rep, out := table(t, sc)
 	if !bytes.Contains(out, []byte("fixed_window")) || rep.Results[Edgelimit].Decisions == 0 {
 		t.Fatalf("fixed_window run:\n%s", out)
+	}
+}
+
+// TestWireSize holds wireSize to proto.Size of the DeltaBatch it stands for,
+// over random batches: empty and long keys, several windows in any order,
+// zero and negative windows, counts of every varint length.
+func TestWireSize(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(5, 6))
+	windows := []int64{0, -1, 60e9, 1_700_000_000_000_000_000, 1 << 62}
+	for trial := range 2000 {
+		slots := make([]crdt.Slot, rnd.IntN(40))
+		for i := range slots {
+			slots[i] = crdt.Slot{
+				Key:    strings.Repeat("k", rnd.IntN(200)),
+				Window: windows[rnd.IntN(len(windows))],
+				Count:  rnd.Uint64() >> rnd.IntN(64),
+			}
+		}
+		replica, region := strings.Repeat("p", rnd.IntN(3)), strings.Repeat("r", rnd.IntN(3))
+		seq, sent := rnd.Uint64()>>rnd.IntN(65), rnd.Int64()>>rnd.IntN(64)
+		if trial%7 == 0 {
+			seq, sent = 0, -sent
+		}
+		b := &edgelimitpb.DeltaBatch{Replica: replica, Region: region, Seq: seq, SentUnixNano: sent}
+		for _, s := range slots {
+			b.Add([]byte(s.Key), s.Window, s.Count)
+		}
+		if got, want := wireSize(replica, region, seq, sent, slots), proto.Size(b); got != want {
+			t.Fatalf("trial %d: wireSize = %d, proto.Size = %d", trial, got, want)
+		}
 	}
 }
