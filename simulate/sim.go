@@ -84,6 +84,9 @@ const (
 	watchInterval = int64(250 * time.Millisecond)
 	// beaconSize is the bytes of a presence beacon: a uvarint sequence number.
 	beaconSize = 9
+	// bitSweepInterval is how often a PoP drops ended mitigation bits, as
+	// `edgelimit pop` does.
+	bitSweepInterval = int64(time.Second)
 )
 
 // source is a Source, or a generated one of a Mix, in index form.
@@ -291,6 +294,7 @@ type run struct {
 	messages, bytes int64
 	latencyNs       int64 // Σ added decision latency (centralized)
 	lastSweep       []int64
+	lastBitSweep    []int64
 
 	heard   [][]int64 // per PoP, per region: when a beacon last arrived
 	share   []float64 // per PoP: the global share it enforces
@@ -474,7 +478,7 @@ func runStrategy(sc *Scenario, top *topology, arrivals *reader, keys []string, t
 	}
 
 	if r.replicated {
-		r.lastSweep = make([]int64, n)
+		r.lastSweep, r.lastBitSweep = make([]int64, n), make([]int64, n)
 		r.heard, r.share = make([][]int64, n), make([]float64, n)
 		for i := range n {
 			r.heard[i], r.share[i] = make([]int64, len(top.regions)), 1
@@ -566,12 +570,18 @@ func (r *run) fire(e event) {
 }
 
 // flush publishes PoP p's delta and the bits it issued since its last
-// flush, and sweeps its store once a window.
+// flush, sweeps its store once a window, and drops its ended bits once a
+// second, as `edgelimit pop` does.
 func (r *run) flush(p int) {
 	r.publishBits(p, r.stores[p].Delta())
-	if now := r.q.now; now-r.lastSweep[p] >= r.window {
+	now := r.q.now
+	if now-r.lastSweep[p] >= r.window {
 		r.stores[p].SweepAt(Epoch.UnixNano() + now + r.skew[p])
 		r.lastSweep[p] = now
+	}
+	if r.mits != nil && now-r.lastBitSweep[p] >= bitSweepInterval {
+		r.mits[p].Sweep(Epoch.UnixNano() + now + r.skew[p])
+		r.lastBitSweep[p] = now
 	}
 	r.q.schedule(event{at: r.q.now + int64(r.sc.FlushInterval), kind: evFlush, idx: p})
 }
