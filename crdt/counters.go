@@ -30,16 +30,25 @@ type Counters struct {
 // counts is the counts of one (key, window). The first replica to count the
 // key is held inline, so that a key counted by one other PoP, the common case
 // (an anycast client stays on one PoP), costs one cache miss to join or read;
-// further replicas cost one more miss, in more. Replicas are indexes into
-// Counters.names rather than strings, which keeps counts small and leaves
-// the backing arrays of more free of pointers for the garbage collector to
-// scan.
+// further replicas are a list in the window's nodes, one more miss. Replicas
+// are indexes into Counters.names rather than strings, and the list is an
+// index rather than a slice: a slot of the table is then 24 bytes free of
+// pointers, half what a slice made it, so more of a table stays in cache and
+// the garbage collector never scans it.
 type counts struct {
 	n    uint64 // the first replica's count, never zero
 	rep  uint32
-	more []repCount // further replicas, in the order they first counted
+	more uint32 // 1 + the index in the window's nodes of the next replica's count; 0 ends the list
 }
 
+// repNode is a further replica's count of a (key, window), in its window's
+// nodes.
+type repNode struct {
+	n         uint64
+	rep, next uint32 // next as counts.more
+}
+
+// repCount is one replica's count, as Slots sorts them.
 type repCount struct {
 	rep uint32
 	n   uint64
@@ -98,8 +107,8 @@ func (c *Counters) join(wt *window[counts], s *Slot, rep uint32) bool {
 		e.n = s.Count
 		return true
 	}
-	for j := range e.more {
-		if m := &e.more[j]; m.rep == rep {
+	for j := e.more; j != 0; j = wt.nodes[j-1].next {
+		if m := &wt.nodes[j-1]; m.rep == rep {
 			if s.Count <= m.n {
 				return false
 			}
@@ -107,7 +116,9 @@ func (c *Counters) join(wt *window[counts], s *Slot, rep uint32) bool {
 			return true
 		}
 	}
-	e.more = append(e.more, repCount{rep: rep, n: s.Count})
+	// The new replica goes first in the list: order does not matter.
+	wt.nodes = append(wt.nodes, repNode{n: s.Count, rep: rep, next: e.more})
+	e.more = uint32(len(wt.nodes))
 	wt.count++
 	c.n++
 	return true
@@ -130,17 +141,17 @@ func (c *Counters) intern(r string) uint32 {
 	return id
 }
 
-// lookup returns the counts of (key, window), or nil.
-func (c *Counters) lookup(key string, window int64) *counts {
+// lookup returns the counts of (key, window) and their window, or nil.
+func (c *Counters) lookup(key string, window int64) (*counts, *window[counts]) {
 	wt := c.windows.get(window)
 	if wt == nil {
-		return nil
+		return nil, nil
 	}
 	i := wt.find(c.hash.string(key))
 	if i < 0 {
-		return nil
+		return nil, nil
 	}
-	return &wt.table.slots[i].v
+	return &wt.table.slots[i].v, wt
 }
 
 // Total returns the sum of the counts for (key, window) over the replicas
@@ -148,7 +159,7 @@ func (c *Counters) lookup(key string, window int64) *counts {
 // math.MaxUint64 instead of wrapping. It allocates nothing and costs one call
 // of in per replica that has counted the key in the window.
 func (c *Counters) Total(key string, window int64, in func(replica string) bool) uint64 {
-	e := c.lookup(key, window)
+	e, wt := c.lookup(key, window)
 	if e == nil {
 		return 0
 	}
@@ -156,8 +167,8 @@ func (c *Counters) Total(key string, window int64, in func(replica string) bool)
 	if in == nil || in(c.names[e.rep]) {
 		sum = e.n
 	}
-	for _, m := range e.more {
-		if in == nil || in(c.names[m.rep]) {
+	for j := e.more; j != 0; j = wt.nodes[j-1].next {
+		if m := &wt.nodes[j-1]; in == nil || in(c.names[m.rep]) {
 			sum = addSat(sum, m.n)
 		}
 	}
@@ -171,15 +182,15 @@ func (c *Counters) Replica(key string, window int64, replica string) uint64 {
 	if !ok {
 		return 0
 	}
-	e := c.lookup(key, window)
+	e, wt := c.lookup(key, window)
 	switch {
 	case e == nil:
 		return 0
 	case e.rep == rep:
 		return e.n
 	}
-	for _, m := range e.more {
-		if m.rep == rep {
+	for j := e.more; j != 0; j = wt.nodes[j-1].next {
+		if m := &wt.nodes[j-1]; m.rep == rep {
 			return m.n
 		}
 	}
@@ -234,7 +245,10 @@ func (c *Counters) Slots() []Slot {
 		slices.SortFunc(idx, func(a, b int) int { return strings.Compare(wt.keys[a], wt.keys[b]) })
 		for _, i := range idx {
 			k, e := wt.keys[i], &wt.table.slots[i].v
-			cs = append(append(cs[:0], repCount{rep: e.rep, n: e.n}), e.more...)
+			cs = append(cs[:0], repCount{rep: e.rep, n: e.n})
+			for j := e.more; j != 0; j = wt.nodes[j-1].next {
+				cs = append(cs, repCount{rep: wt.nodes[j-1].rep, n: wt.nodes[j-1].n})
+			}
 			// Insertion sort: a key has a few replicas at most.
 			for j := 1; j < len(cs); j++ {
 				for m := j; m > 0 && rank[cs[m].rep] < rank[cs[m-1].rep]; m-- {

@@ -110,10 +110,12 @@ func (t *table[V]) resize(size int) {
 }
 
 // window is one window's table. count is free for the owner to count with
-// (Counters counts its (key, replica) slots there).
+// (Counters counts its (key, replica) slots there), and nodes holds
+// Counters' counts of further replicas, dropped with the window.
 type window[V any] struct {
 	start int64
 	count int
+	nodes []repNode
 	table[V]
 }
 

@@ -3,6 +3,7 @@ package crdt
 import (
 	"strconv"
 	"testing"
+	"unsafe"
 )
 
 // TestTableGrow inserts enough keys to grow a table many times and checks
@@ -96,5 +97,13 @@ func TestWindowReserve(t *testing.T) {
 		if next.find(h.string(strconv.Itoa(i))) < 0 {
 			t.Fatalf("key %d lost after growing past the reserve", i)
 		}
+	}
+}
+
+// TestCountsSlotSize: a Counters slot stays 24 bytes without pointers (see
+// counts).
+func TestCountsSlotSize(t *testing.T) {
+	if n := unsafe.Sizeof(entry[counts]{}); n != 24 {
+		t.Fatalf("a Counters slot is %d bytes, want 24", n)
 	}
 }
