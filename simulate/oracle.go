@@ -51,62 +51,103 @@ type oracle struct {
 	lags []int64 // per key that crossed and was denied: first deny − crossing
 }
 
-// keyLog is one key's log and the state every decision reads: 64 bytes, one
-// cache line, since with hundreds of thousands of keys each decision's first
-// touch of it is a miss.
+// keyLog is one key's log and the state every decision reads. With hundreds
+// of thousands of keys each decision's first touch of its key is a cache miss
+// (and, on a VM, a costly TLB miss), so a key's most recent hits live inline:
+// keyLog is 128 bytes, two adjacent cache lines in one page (the backing
+// array of a large []keyLog is page-aligned, and 128 divides the page size),
+// the first holding the sums, the fixed window and the spill's header and
+// oldest entry, the second the inline ring. Only a key with more than inlineHits live hits
+// touches a second place in memory, its spill.
+//
+// The log is every offered hit in the window, one entry a hit, in time order:
+// the spill's live entries sp[spHead:] (the oldest), then the inline ring's
+// n entries from in[head] on (the newest). When the ring is full a push first
+// moves all of it to the spill's tail, so every spill entry is at or before
+// every inline one; expiring drains the spill first.
 type keyLog struct {
-	log ring
 	// The current fixed window's start and admitted hits; fixedStart < 0
 	// before the key's first decision.
 	fixedStart, fixedCount int64
+	// The spill's oldest live entry, sp[spHead], when it has one: expiring
+	// reads the spill only once it has something to drop.
+	spFirst entry
+	sp      []entry // the spill, allocated only once the ring overflows
+	// Admitted and offered hits in the log: in the window once expired.
+	// The log holds one entry a hit, so these are far below 2^31.
+	adm, offered int32
+	spHead       int32
+	head, n      uint8
+	in           [inlineHits]entry
 }
+
+// inlineHits is how many hits a key keeps inline: what fills keyLog's second
+// cache line. A power of two, for the ring's index arithmetic.
+const inlineHits = 8
+
+// entry is one hit offered at virtual time t ≥ 0 (ns): t<<1, with the low
+// bit set when it was admitted.
+type entry int64
 
 // keyFirsts is when a key first went over the limit and was first denied.
 type keyFirsts struct {
 	crossing, firstDeny int64 // virtual ns; -1 while not seen
 }
 
-// ring is a key's offered hits in time order, oldest from head on, each
-// marked admitted or not, with the sums of both in the window. One log, not
-// one per sum: with hundreds of thousands of keys each log is a cache miss.
-type ring struct {
-	log          []hit
-	head         int
-	adm, offered int64
-}
-
-// hit is n hits offered at at; admitted ones have n > 0, denied ones n < 0.
-type hit struct{ at, n int64 }
-
-func (r *ring) push(at, n int64, admitted bool) {
-	r.offered += n
+// push appends a hit at at (≥ 0, and at or after every hit in the log).
+func (k *keyLog) push(at int64, admitted bool) {
+	e := entry(at << 1)
+	k.offered++
 	if admitted {
-		r.adm += n
-	} else {
-		n = -n
+		e |= 1
+		k.adm++
 	}
-	r.log = append(r.log, hit{at, n})
+	if k.n == inlineHits {
+		// Spill the whole ring: one touch of the spill per inlineHits pushes.
+		if int(k.spHead) == len(k.sp) {
+			k.spFirst = k.in[k.head]
+		}
+		k.sp = append(k.sp, k.in[k.head:]...)
+		k.sp = append(k.sp, k.in[:k.head]...)
+		k.head, k.n = 0, 0
+	}
+	k.in[(k.head+k.n)&(inlineHits-1)] = e
+	k.n++
 }
 
 // expire drops hits at or before horizon.
-func (r *ring) expire(horizon int64) {
-	for r.head < len(r.log) && r.log[r.head].at <= horizon {
-		if n := r.log[r.head].n; n > 0 {
-			r.adm -= n
-			r.offered -= n
-		} else {
-			r.offered += n
+func (k *keyLog) expire(horizon int64) {
+	lim := entry(horizon<<1 | 1) // e ≤ lim ⇔ e's time ≤ horizon
+	if int(k.spHead) < len(k.sp) {
+		if k.spFirst > lim {
+			return // the spill's oldest is live, so is every later hit
 		}
-		r.head++
+		h := int(k.spHead)
+		for h < len(k.sp) && k.sp[h] <= lim {
+			k.adm -= int32(k.sp[h] & 1)
+			k.offered--
+			h++
+		}
+		// Compact once the expired part is at least half the spill:
+		// amortized O(1) a hit, and the spill stays within twice its
+		// live hits (plus a few), which matters with hundreds of
+		// thousands of keys.
+		if h == len(k.sp) {
+			k.sp, h = k.sp[:0], 0
+		} else if h >= 8 && h*2 >= len(k.sp) {
+			k.sp, h = k.sp[:copy(k.sp, k.sp[h:])], 0
+		}
+		k.spHead = int32(h)
+		if h < len(k.sp) {
+			k.spFirst = k.sp[h]
+			return // the spill's oldest is live, so is every inline hit
+		}
 	}
-	// Compact once the expired part is at least half the log: amortized
-	// O(1) a hit, and a key's log stays within twice its live hits (plus a
-	// few), which matters with hundreds of thousands of keys.
-	if r.head == len(r.log) {
-		r.log, r.head = r.log[:0], 0
-	} else if r.head >= 8 && r.head*2 >= len(r.log) {
-		n := copy(r.log, r.log[r.head:])
-		r.log, r.head = r.log[:n], 0
+	for k.n > 0 && k.in[k.head] <= lim {
+		k.adm -= int32(k.in[k.head] & 1)
+		k.offered--
+		k.head = (k.head + 1) & (inlineHits - 1)
+		k.n--
 	}
 }
 
@@ -159,15 +200,18 @@ func (o *oracle) closeWindow(k *keyLog) {
 	k.fixedCount = 0
 }
 
-// decide grades a decision of hits on key ki at now, admitted or not, and
-// counts it.
+// decide grades a decision of hits (≥ 0; every caller passes 1) on key ki at
+// now (≥ 0, below 2^62), admitted or not, and counts it. The log holds one
+// entry per hit, so a decision of n hits pushes n entries.
 func (o *oracle) decide(ki int, now, hits int64, admitted bool) {
 	k := &o.keys[ki]
-	k.log.expire(now - o.window)
+	k.expire(now - o.window)
 	o.roll(k, now)
 	o.decisions++
-	fits := k.log.adm+hits <= o.limit
-	k.log.push(now, hits, admitted)
+	fits := int64(k.adm)+hits <= o.limit
+	for range hits {
+		k.push(now, admitted)
+	}
 	if f := &o.firsts[ki]; !fits && f.crossing < 0 {
 		f.crossing = now
 		if f.firstDeny >= 0 {
@@ -180,12 +224,12 @@ func (o *oracle) decide(ki int, now, hits int64, admitted bool) {
 		}
 		o.admitted += hits
 		k.fixedCount += hits
-		o.worst = max(o.worst, k.log.adm-o.limit)
+		o.worst = max(o.worst, int64(k.adm)-o.limit)
 	} else {
 		if fits {
 			o.falseDeny++
 		}
-		if k.log.offered <= o.limit {
+		if int64(k.offered) <= o.limit {
 			o.legitDeny++
 		}
 		if f := &o.firsts[ki]; f.firstDeny < 0 {
@@ -197,7 +241,7 @@ func (o *oracle) decide(ki int, now, hits int64, admitted bool) {
 	}
 	if ki == o.tracked {
 		if i := now / o.seriesStep; i < int64(len(o.series)) {
-			o.series[i] = max(o.series[i], k.log.adm)
+			o.series[i] = max(o.series[i], int64(k.adm))
 		}
 	}
 }
