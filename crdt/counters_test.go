@@ -2,7 +2,9 @@ package crdt_test
 
 import (
 	"math"
+	"math/rand/v2"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/edgelimit/edgelimit/crdt"
@@ -264,6 +266,42 @@ func TestCompareSlots(t *testing.T) {
 			if got != want {
 				t.Errorf("CompareSlots(%v, %v) = %d, want %d", ordered[i], ordered[j], got, want)
 			}
+		}
+	}
+}
+
+// TestJoinLargeBatch: a batch large enough for Join to visit it in table
+// order (duplicates, several windows and replicas, zero counts, windows
+// below the floor, lower counts after higher ones) leaves the same state and
+// reports the same number of changes as joining its slots one at a time.
+func TestJoinLargeBatch(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(8, 9))
+	replicas := []string{"fra1", "par1", "ams1", "iad1", "sfo1", "sin1", "syd1", "gru1", "nrt1"}
+	for trial := range 20 {
+		var one, batch crdt.Counters
+		for _, c := range []*crdt.Counters{&one, &batch} {
+			c.DropBefore(w1) // a floor: slots of w0 are ignored
+			c.Join(crdt.Slot{Key: "seed", Window: w2, Replica: "fra1", Count: 5})
+		}
+		slots := make([]crdt.Slot, 1024+rnd.IntN(5000))
+		for i := range slots {
+			slots[i] = crdt.Slot{
+				Key:     "k" + strconv.Itoa(rnd.IntN(300*(trial+1))),
+				Window:  []int64{w0, w1, w2, w3}[rnd.IntN(4)],
+				Replica: replicas[rnd.IntN(len(replicas))],
+				Count:   uint64(rnd.IntN(20)),
+			}
+		}
+		slots = append(slots, slots[:100]...) // redelivered
+		want := 0
+		for _, s := range slots {
+			want += one.Join(s)
+		}
+		if got := batch.Join(slots...); got != want {
+			t.Fatalf("trial %d: batch join changed %d slots, one at a time %d", trial, got, want)
+		}
+		if a, b := one.Slots(), batch.Slots(); !slices.Equal(a, b) || one.Len() != batch.Len() {
+			t.Fatalf("trial %d: batch join left %d slots, one at a time %d (or different ones)", trial, len(b), len(a))
 		}
 	}
 }

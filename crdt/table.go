@@ -1,6 +1,9 @@
 package crdt
 
-import "hash/maphash"
+import (
+	"hash/maphash"
+	"math/bits"
+)
 
 // table is the keys of one window: an open-addressing hash table with linear
 // probing whose slots hold the value inline. A lookup touches one slot,
@@ -24,8 +27,13 @@ type table[V any] struct {
 	keys  []string // keys[i] names slots[i]
 	n     int      // occupied slots
 	mask  uint64
+	shift uint // a hash's home slot is its top bits: h >> shift
 }
 
+// A hash's home slot is taken from its top bits rather than its bottom ones,
+// so that hashes in increasing order have home slots in increasing order
+// whatever the table's size: a large batch joined in hash order then sweeps
+// the table from one end to the other (see Counters.Join).
 type entry[V any] struct {
 	hash uint64 // 0 marks an empty slot; real hashes are never 0
 	v    V
@@ -38,7 +46,7 @@ func (t *table[V]) find(h uint64) int {
 	if t.n == 0 {
 		return -1
 	}
-	for i := h & t.mask; ; i = (i + 1) & t.mask {
+	for i := h >> t.shift; ; i = (i + 1) & t.mask {
 		switch t.slots[i].hash {
 		case h:
 			return int(i)
@@ -61,7 +69,7 @@ func (t *table[V]) insert(h uint64, key string) int {
 	if 2*(t.n+1) > len(t.slots) {
 		t.grow()
 	}
-	i := h & t.mask
+	i := h >> t.shift
 	for t.slots[i].hash != 0 {
 		i = (i + 1) & t.mask
 	}
@@ -98,9 +106,10 @@ func (t *table[V]) reserve(n int) {
 func (t *table[V]) resize(size int) {
 	old, oldKeys := t.slots, t.keys
 	t.slots, t.keys, t.mask = make([]entry[V], size), make([]string, size), uint64(size-1)
+	t.shift = uint(64 - bits.TrailingZeros(uint(size)))
 	for j := range old {
 		if h := old[j].hash; h != 0 {
-			i := h & t.mask
+			i := h >> t.shift
 			for t.slots[i].hash != 0 {
 				i = (i + 1) & t.mask
 			}
