@@ -152,10 +152,25 @@ type generator struct {
 	duration int64
 	q        *queue
 	rand     *rand.Rand
+	route    []route // per source, what arrive needs of it
 	rr       []int32 // next PoP of each spraying source
 	steady   *alias  // the sources that send all run long, as one stream
 	done     bool
 }
+
+// route is what placing a request needs of its source, packed apart from the
+// source so that it costs no cache miss with hundreds of thousands of them.
+type route struct {
+	key    int32
+	pop    uint16
+	spread uint8 // routeAnycast, routeSpray or routeRandom
+}
+
+const (
+	routeAnycast = iota
+	routeSpray
+	routeRandom
+)
 
 func newGenerator(seed uint64, srcs []source, pops int, duration int64) *generator {
 	g := &generator{
@@ -163,6 +178,17 @@ func newGenerator(seed uint64, srcs []source, pops int, duration int64) *generat
 		q:    newQueue(seed, streamTraffic),
 		rand: rand.New(rand.NewPCG(seed, streamTraffic)),
 		rr:   make([]int32, len(srcs)),
+	}
+	g.route = make([]route, len(srcs))
+	for i := range srcs {
+		r := route{key: int32(srcs[i].key), pop: uint16(srcs[i].pop)}
+		switch srcs[i].spread {
+		case Spray:
+			r.spread = routeSpray
+		case Random:
+			r.spread = routeRandom
+		}
+		g.route[i] = r
 	}
 	// Sources sending all run long at a constant rate are one Poisson
 	// stream of their summed rate whose arrivals pick a source in proportion
@@ -208,15 +234,15 @@ func (g *generator) next(n int) []arrival {
 
 // arrive places a request of source i at the PoP its spread picks.
 func (g *generator) arrive(i int) arrival {
-	s := &g.srcs[i]
+	s := g.route[i]
 	var p int
 	switch s.spread {
-	case Anycast:
-		p = s.pop
-	case Spray:
+	case routeAnycast:
+		p = int(s.pop)
+	case routeSpray:
 		p = (i + int(g.rr[i])) % g.pops
 		g.rr[i] = int32((int(g.rr[i]) + 1) % g.pops)
-	case Random:
+	case routeRandom:
 		p = g.rand.IntN(g.pops)
 	}
 	return arrival{at: g.q.now, key: int32(s.key), pop: int32(p)}
