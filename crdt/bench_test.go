@@ -231,6 +231,24 @@ func BenchmarkMissCounters(b *testing.B) {
 			}
 			b.ReportMetric(perKey, "heapB/key")
 		})
+		// A flush from another PoP: 512 slots of random keys in one Join,
+		// one window, as a delta is; ns/op is per slot.
+		b.Run(fmt.Sprintf("replicas=%d/delta=512", nrep), func(b *testing.B) {
+			b.ReportAllocs()
+			batch := make([]crdt.Slot, 512)
+			i := 0
+			for b.Loop() {
+				if i%len(batch) == 0 {
+					for k := range batch {
+						j := (i + k) & (missOps - 1)
+						batch[k] = crdt.Slot{Key: seq[j], Window: w1, Replica: benchReplicas[(i/len(batch))%nrep], Count: next}
+					}
+					next++
+					c.Join(batch...)
+				}
+				i++
+			}
+		})
 		b.Run(fmt.Sprintf("replicas=%d/total", nrep), func(b *testing.B) {
 			b.ReportAllocs()
 			var sum uint64

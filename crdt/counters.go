@@ -24,6 +24,8 @@ type Counters struct {
 	names   []string          // interned replica names, by index
 	ids     map[string]uint32 // replica name -> index in names
 	n       int               // number of stored slots
+	hashes  []uint64          // Join's scratch (see touch)
+	touched uint64            // what touch read, kept so the reads are not optimized away
 	floor   int64             // windows below floor are dropped; valid if floored
 	floored bool
 }
@@ -64,6 +66,7 @@ func (c *Counters) Join(slots ...Slot) (changed int) {
 	if len(slots) >= sortedJoin {
 		return c.joinSorted(slots)
 	}
+	hashes := c.touch(slots)
 	var (
 		wt      *window[counts]
 		lastRep string
@@ -83,11 +86,50 @@ func (c *Counters) Join(slots ...Slot) (changed int) {
 		if !haveRep || s.Replica != lastRep {
 			rep, lastRep, haveRep = c.intern(s.Replica), s.Replica, true
 		}
-		if c.join(wt, s, rep, c.hash.string(s.Key)) {
+		h := uint64(0)
+		if hashes != nil {
+			h = hashes[i]
+		} else {
+			h = c.hash.string(s.Key)
+		}
+		if c.join(wt, s, rep, h) {
 			changed++
 		}
 	}
 	return changed
+}
+
+// touchMin is the batch size from which Join first hashes every slot and
+// reads its home slot, before joining any.
+const touchMin = 32
+
+// touch hashes the keys of slots and reads each one's home slot in its
+// window's table, and returns the hashes; nil for a small batch. The reads
+// do not depend on one another, so the processor has many cache misses under
+// way at once instead of one per join, and the joins that follow find their
+// slots in cache: a delta from another PoP is a few hundred random keys.
+func (c *Counters) touch(slots []Slot) []uint64 {
+	if len(slots) < touchMin {
+		return nil
+	}
+	hashes := c.hashes[:0]
+	var (
+		wt  *window[counts]
+		sum uint64
+	)
+	for i := range slots {
+		s := &slots[i]
+		h := c.hash.string(s.Key)
+		hashes = append(hashes, h)
+		if wt == nil || s.Window != wt.start {
+			wt = c.windows.get(s.Window)
+		}
+		if wt != nil && wt.n > 0 {
+			sum += wt.slots[h>>wt.shift].hash
+		}
+	}
+	c.hashes, c.touched = hashes, sum
+	return hashes
 }
 
 // sortedJoin is the batch size from which Join visits slots in the order of
