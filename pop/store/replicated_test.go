@@ -2,9 +2,12 @@ package store
 
 import (
 	"context"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/edgelimit/edgelimit/crdt"
 	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/limit/limittest"
 	"github.com/edgelimit/edgelimit/pop/rules"
@@ -142,5 +145,48 @@ func TestReplicatedSweep(t *testing.T) {
 	b.SweepAt(t0 + int64(3*time.Minute))
 	if len(a.Own()) != 0 || len(b.Remote()) != 0 {
 		t.Fatalf("windows older than the previous one survived: own %v remote %v", a.Own(), b.Remote())
+	}
+}
+
+// TestApplyBatch: Apply hands Counters runs of slots, not one slot at a time;
+// a batch that interleaves window lengths, own slots and keys whose window
+// cannot be told must leave the same remote counts as its slots applied one
+// by one, and large enough a batch to take Join's batch paths.
+func TestApplyBatch(t *testing.T) {
+	minute := func(v string) []byte { return replItem(v, 10, limit.ScopeGlobal).Key }
+	hour := func(v string) []byte {
+		l := &rules.Limit{Domain: "d", Unit: rules.Hour, Scope: limit.ScopeGlobal,
+			Spec: limit.Spec{Algorithm: limit.SlidingWindow, Limit: 10, Window: int64(time.Hour)}}
+		return l.AppendKey(nil, []rules.Entry{{Key: "k", Value: v}})
+	}
+	var batch []crdt.Slot
+	for i := range 3000 {
+		v := strconv.Itoa(i % 1100)
+		s := crdt.Slot{Key: string(minute(v)), Window: int64(time.Minute) * int64(i%3), Replica: "fra1", Count: uint64(i%7 + 1)}
+		switch i % 10 {
+		case 3:
+			s.Key = string(hour(v))
+		case 5:
+			s.Replica = "self" // own: ignored
+		case 7:
+			s.Key = "no window in this key"
+		case 8:
+			s.Replica = "par1"
+		}
+		batch = append(batch, s)
+	}
+	one, all := NewMemory(MemoryConfig{Replica: "self"}), NewMemory(MemoryConfig{Replica: "self"})
+	for i := range batch {
+		one.Apply(batch[i : i+1])
+	}
+	all.Apply(batch)
+	a, b := one.Remote(), all.Remote()
+	if len(a) == 0 || !slices.Equal(a, b) {
+		t.Fatalf("applied in one batch: %d remote slots; one by one: %d (or different ones)", len(b), len(a))
+	}
+	for _, s := range a {
+		if s.Replica == "self" {
+			t.Fatalf("own slot applied as remote: %v", s)
+		}
 	}
 }
