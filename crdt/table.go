@@ -20,6 +20,11 @@ import (
 // Local, so a client cannot choose keys that collide or that pile up on one
 // probe chain.
 //
+// A hash's home slot is taken from its top bits rather than its bottom ones,
+// so that hashes in increasing order have home slots in increasing order
+// whatever the table's size: a large batch joined in hash order then sweeps
+// the table from one end to the other (see Counters.Join).
+//
 // Nothing is ever deleted from a table: Counters and Local only drop whole
 // windows, that is whole tables, so there are no tombstones to manage.
 type table[V any] struct {
@@ -30,10 +35,6 @@ type table[V any] struct {
 	shift uint // a hash's home slot is its top bits: h >> shift
 }
 
-// A hash's home slot is taken from its top bits rather than its bottom ones,
-// so that hashes in increasing order have home slots in increasing order
-// whatever the table's size: a large batch joined in hash order then sweeps
-// the table from one end to the other (see Counters.Join).
 type entry[V any] struct {
 	hash uint64 // 0 marks an empty slot; real hashes are never 0
 	v    V
@@ -63,8 +64,7 @@ func (t *table[V]) find(h uint64) int {
 // Half, not the three quarters of pop/store's table: here the common lookup
 // is of a key the table does not hold yet (a key's first count in a new
 // window), and linear probing's expected probes for an absent key grow as
-// 1/(1−load)²: 2.5 slots at one half, 8.5 at three quarters, and a slot here
-// is up to 48 bytes.
+// 1/(1−load)²: 2.5 slots at one half, 8.5 at three quarters.
 func (t *table[V]) insert(h uint64, key string) int {
 	if 2*(t.n+1) > len(t.slots) {
 		t.grow()
