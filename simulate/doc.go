@@ -12,17 +12,20 @@
 // What a run models. Each strategy (Edgelimit, AsyncSync, LocalOnly,
 // StaticSplit, Centralized) gets fresh engines and stores and the very same
 // arrivals: the traffic draws from its own PCG stream of the seed, the
-// network from another. Strategies run concurrently, each in one goroutine of
-// its own; nothing is shared between them but the read-only scenario.
+// network from another. The arrivals are drawn once, in chunks that every
+// strategy's run reads (traffic); the runs go concurrently, one goroutine
+// each, and share nothing else but the read-only scenario. A run more than
+// a few chunks ahead of the slowest waits for it, so memory stays bounded.
 //
 // Sources are Poisson streams, each on a limit key (sources sharing a key
 // share its limit), with start/end and on/off phases; a Mix generates
 // hundreds of thousands of them, each with its own key. Sources that send
 // all run long are merged into one Poisson stream of their summed rate whose
 // arrivals pick a source by rate (an alias table): the same process, with one
-// event in the queue instead of one per source. Edgelimit's PoPs hand their store's Delta to the simulated
-// transport every FlushInterval and their Own state every SnapshotInterval
-// (anti-entropy), as replication.Replicator does; each copy reaches every
+// event in the queue instead of one per source. Edgelimit's PoPs hand their
+// store's Delta to the simulated transport every FlushInterval and their Own
+// state every SnapshotInterval (anti-entropy), as replication.Replicator
+// does, and drop ended mitigation bits every second; each copy reaches every
 // other PoP's Apply after the one-way latency between their regions plus
 // uniform jitter, unless lost (Loss) or duplicated (Duplicate). A partition
 // holds what crosses the cut until it heals, as JetStream stream sourcing
