@@ -1,7 +1,6 @@
 package crdt
 
 import (
-	"cmp"
 	"slices"
 	"strings"
 )
@@ -63,40 +62,10 @@ type repCount struct {
 // nothing. The order of slots does not matter, and joining a slot twice has
 // the effect of joining it once.
 func (c *Counters) Join(slots ...Slot) (changed int) {
-	if len(slots) >= sortedJoin {
+	if len(slots) >= sortedJoin && len(slots) < 1<<sortIndexBits {
 		return c.joinSorted(slots)
 	}
-	hashes := c.touch(slots)
-	var (
-		wt      *window[counts]
-		lastRep string
-		rep     uint32
-		haveRep bool
-	)
-	for i := range slots {
-		s := &slots[i]
-		if s.Count == 0 || (c.floored && s.Window < c.floor) {
-			continue
-		}
-		if wt == nil || s.Window != wt.start {
-			wt = c.windows.open(s.Window)
-		}
-		// Slots come in runs of one replica, so the name is usually the
-		// previous one and costs a string comparison, not a map lookup.
-		if !haveRep || s.Replica != lastRep {
-			rep, lastRep, haveRep = c.intern(s.Replica), s.Replica, true
-		}
-		h := uint64(0)
-		if hashes != nil {
-			h = hashes[i]
-		} else {
-			h = c.hash.string(s.Key)
-		}
-		if c.join(wt, s, rep, h) {
-			changed++
-		}
-	}
-	return changed
+	return c.joinInOrder(slots, c.touch(slots))
 }
 
 // touchMin is the batch size from which Join first hashes every slot and
@@ -133,8 +102,14 @@ func (c *Counters) touch(slots []Slot) []uint64 {
 }
 
 // sortedJoin is the batch size from which Join visits slots in the order of
-// their place in the tables rather than in the order given.
-const sortedJoin = 1024
+// their place in the tables rather than in the order given, provided the
+// batch has fewer than 1<<sortIndexBits slots and at most sortedWindows
+// windows (a flush or a snapshot has two or three).
+const (
+	sortedJoin    = 1024
+	sortIndexBits = 21
+	sortedWindows = 8
+)
 
 // joinSorted is Join for a large batch, a snapshot above all. Joined in the
 // order given, every slot is a cache and TLB miss somewhere in a table of
@@ -143,45 +118,87 @@ const sortedJoin = 1024
 // the hardware fetches ahead. Sorting costs far less than the misses it
 // saves once a batch is a fair part of a table.
 func (c *Counters) joinSorted(slots []Slot) (changed int) {
-	type ref struct {
-		window int64
-		hash   uint64
-		i      int
-	}
-	refs := make([]ref, 0, len(slots))
+	// Each slot's hash, 0 for a slot that changes nothing, and the few
+	// windows of the batch.
+	hashes := make([]uint64, len(slots))
+	var windows []int64
 	for i := range slots {
 		s := &slots[i]
 		if s.Count == 0 || (c.floored && s.Window < c.floor) {
 			continue
 		}
-		refs = append(refs, ref{s.Window, c.hash.string(s.Key), i})
+		hashes[i] = c.hash.string(s.Key) // never 0
+		if !slices.Contains(windows, s.Window) {
+			if len(windows) == sortedWindows {
+				return c.joinInOrder(slots, hashes) // an odd batch: not worth sorting
+			}
+			windows = append(windows, s.Window)
+		}
 	}
-	// Slots of one (key, window) keep their order, so that the count of
-	// changes is the one joining in the order given reports.
-	slices.SortFunc(refs, func(a, b ref) int {
-		if a.window != b.window {
-			return cmp.Compare(a.window, b.window)
+	slices.Sort(windows)
+	// Per window, sort the slots by hash as plain integers, the slot's
+	// index in the low bits: fast to sort, and slots of one (key, window)
+	// keep their order, so the count of changes is the one joining in the
+	// order given reports. The home slot comes from the top bits, which the
+	// index does not touch.
+	const low = 1<<sortIndexBits - 1
+	order := make([]uint64, 0, len(slots))
+	var (
+		lastRep string
+		rep     uint32
+		haveRep bool
+	)
+	for _, w := range windows {
+		order = order[:0]
+		for i := range slots {
+			if hashes[i] != 0 && slots[i].Window == w {
+				order = append(order, hashes[i]&^low|uint64(i))
+			}
 		}
-		if a.hash != b.hash {
-			return cmp.Compare(a.hash, b.hash)
+		slices.Sort(order)
+		wt := c.windows.open(w)
+		for _, o := range order {
+			i := int(o & low)
+			s := &slots[i]
+			if !haveRep || s.Replica != lastRep {
+				rep, lastRep, haveRep = c.intern(s.Replica), s.Replica, true
+			}
+			if c.join(wt, s, rep, hashes[i]) {
+				changed++
+			}
 		}
-		return cmp.Compare(a.i, b.i)
-	})
+	}
+	return changed
+}
+
+// joinInOrder joins slots in the order given. hashes, when not nil, holds
+// their keys' hashes, or 0 where not worked out yet.
+func (c *Counters) joinInOrder(slots []Slot, hashes []uint64) (changed int) {
 	var (
 		wt      *window[counts]
 		lastRep string
 		rep     uint32
 		haveRep bool
 	)
-	for _, r := range refs {
-		s := &slots[r.i]
+	for i := range slots {
+		s := &slots[i]
+		if s.Count == 0 || (c.floored && s.Window < c.floor) {
+			continue
+		}
 		if wt == nil || s.Window != wt.start {
 			wt = c.windows.open(s.Window)
 		}
 		if !haveRep || s.Replica != lastRep {
 			rep, lastRep, haveRep = c.intern(s.Replica), s.Replica, true
 		}
-		if c.join(wt, s, rep, r.hash) {
+		var h uint64
+		if hashes != nil {
+			h = hashes[i]
+		}
+		if h == 0 {
+			h = c.hash.string(s.Key)
+		}
+		if c.join(wt, s, rep, h) {
 			changed++
 		}
 	}
