@@ -3,6 +3,7 @@ package simulate
 import (
 	"slices"
 	"time"
+	"unsafe"
 )
 
 // oracle is the exact sliding-window log, kept per limit key, over the hits
@@ -168,6 +169,13 @@ func newOracle(window, limit int64, keys, tracked int, seriesStep, duration int6
 		o.firsts[i] = keyFirsts{crossing: -1, firstDeny: -1}
 	}
 	return o
+}
+
+// prefetch starts fetching key ki's log into cache: both its lines.
+func (o *oracle) prefetch(ki int) {
+	k := &o.keys[ki]
+	prefetch(uintptr(unsafe.Pointer(k)))
+	prefetch(uintptr(unsafe.Pointer(&k.in)))
 }
 
 // roll closes key k's fixed window if now is past it.

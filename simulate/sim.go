@@ -84,6 +84,9 @@ const (
 	watchInterval = int64(250 * time.Millisecond)
 	// beaconSize is the bytes of a presence beacon: a uvarint sequence number.
 	beaconSize = 9
+	// prefetchAhead is how many requests ahead a run starts fetching the
+	// oracle's state of a request's key.
+	prefetchAhead = 4
 	// bitSweepInterval is how often a PoP drops ended mitigation bits, as
 	// `edgelimit pop` does.
 	bitSweepInterval = int64(time.Second)
@@ -512,6 +515,12 @@ func (r *run) loop(ctx context.Context) error {
 		if ok && (len(r.q.h) == 0 || a.at <= r.q.h[0].at) {
 			r.q.now = a.at
 			r.arrivals.pos++
+			// The oracle's first touch of a key is a cache miss with
+			// hundreds of thousands of keys; the requests are known
+			// ahead, so start it a few requests early.
+			if ahead := r.arrivals.pos + prefetchAhead; ahead < len(r.arrivals.chunk) {
+				r.oracle.prefetch(int(r.arrivals.chunk[ahead].key))
+			}
 			if err := r.arrive(ctx, int(a.key), int(a.pop)); err != nil {
 				return err
 			}
