@@ -276,8 +276,6 @@ type message struct {
 type run struct {
 	sc       *Scenario
 	top      *topology
-	srcs     []source
-	keys     []string
 	strategy Strategy
 	q        *queue  // virtual clock and network randomness
 	arrivals *reader // the requests, shared with the other strategies' runs
