@@ -512,12 +512,12 @@ func (r *run) loop(ctx context.Context) error {
 		a, ok := r.arrivals.peek()
 		if ok && (len(r.q.h) == 0 || a.at <= r.q.h[0].at) {
 			r.q.now = a.at
-			r.arrivals.pos++
+			r.arrivals.take()
 			// The oracle's first touch of a key is a cache miss with
 			// hundreds of thousands of keys; the requests are known
 			// ahead, so start it a few requests early.
-			if ahead := r.arrivals.pos + prefetchAhead; ahead < len(r.arrivals.chunk) {
-				r.oracle.prefetch(int(r.arrivals.chunk[ahead].key))
+			if next, ok := r.arrivals.ahead(prefetchAhead); ok {
+				r.oracle.prefetch(int(next.key))
 			}
 			if err := r.arrive(ctx, int(a.key), int(a.pop)); err != nil {
 				return err

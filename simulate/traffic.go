@@ -2,7 +2,6 @@ package simulate
 
 import (
 	"math"
-	"math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
@@ -134,6 +133,18 @@ func (r *reader) peek() (a *arrival, ok bool) {
 	return &r.chunk[r.pos], true
 }
 
+// take moves past the arrival peek returned.
+func (r *reader) take() { r.pos++ }
+
+// ahead returns the arrival n after the next one if the current chunk holds
+// it: a glimpse for prefetching, not a promise.
+func (r *reader) ahead(n int) (*arrival, bool) {
+	if i := r.pos + n; i < len(r.chunk) {
+		return &r.chunk[i], true
+	}
+	return nil, false
+}
+
 // close lets the other readers go on without this one, whether or not it
 // read everything.
 func (r *reader) close() {
@@ -150,8 +161,7 @@ type generator struct {
 	srcs     []source
 	pops     int
 	duration int64
-	q        *queue
-	rand     *rand.Rand
+	q        *queue  // the arrivals' clock, and their random source: the traffic stream
 	route    []route // per source, what arrive needs of it
 	rr       []int32 // next PoP of each spraying source
 	steady   *alias  // the sources that send all run long, as one stream
@@ -175,9 +185,8 @@ const (
 func newGenerator(seed uint64, srcs []source, pops int, duration int64) *generator {
 	g := &generator{
 		srcs: srcs, pops: pops, duration: duration,
-		q:    newQueue(seed, streamTraffic),
-		rand: rand.New(rand.NewPCG(seed, streamTraffic)),
-		rr:   make([]int32, len(srcs)),
+		q:  newQueue(seed, streamTraffic), // its random source is the traffic stream
+		rr: make([]int32, len(srcs)),
 	}
 	g.route = make([]route, len(srcs))
 	for i := range srcs {
@@ -225,7 +234,7 @@ func (g *generator) next(n int) []arrival {
 			out = append(out, g.arrive(e.idx))
 			g.scheduleArrival(e.idx, g.q.now)
 		case evSteady:
-			out = append(out, g.arrive(g.steady.pick(g.rand)))
+			out = append(out, g.arrive(g.steady.pick(g.q.rand)))
 			g.scheduleSteady()
 		}
 	}
@@ -243,14 +252,14 @@ func (g *generator) arrive(i int) arrival {
 		p = (i + int(g.rr[i])) % g.pops
 		g.rr[i] = int32((int(g.rr[i]) + 1) % g.pops)
 	case routeRandom:
-		p = g.rand.IntN(g.pops)
+		p = g.q.rand.IntN(g.pops)
 	}
 	return arrival{at: g.q.now, key: int32(s.key), pop: int32(p)}
 }
 
 // scheduleSteady schedules the next arrival of the steady sources' stream.
 func (g *generator) scheduleSteady() {
-	at := g.q.now + int64(g.rand.ExpFloat64()/g.steady.total*float64(time.Second))
+	at := g.q.now + int64(g.q.rand.ExpFloat64()/g.steady.total*float64(time.Second))
 	if at < g.duration {
 		g.q.schedule(event{at: at, kind: evSteady})
 	}
@@ -263,7 +272,7 @@ func (g *generator) scheduleSteady() {
 func (g *generator) scheduleArrival(i int, from int64) {
 	s := &g.srcs[i]
 	for {
-		at := from + int64(g.rand.ExpFloat64()/s.rate*float64(time.Second))
+		at := from + int64(g.q.rand.ExpFloat64()/s.rate*float64(time.Second))
 		if at >= s.end {
 			return
 		}

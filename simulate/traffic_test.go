@@ -31,7 +31,7 @@ func readAll(r *reader, slow bool) []arrival {
 			return out
 		}
 		out = append(out, *a)
-		r.pos++
+		r.take()
 		if slow && len(out)%1000 == 0 {
 			time.Sleep(time.Millisecond)
 		}
