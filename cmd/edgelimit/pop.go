@@ -44,6 +44,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8080", "address of the HTTP API")
 	fs.Var(&rules, "rules", "rule `files or directories` (comma-separated or repeated); YAML in Envoy ratelimit's format")
 	fs.DurationVar(&cfg.RulesInterval, "rules-interval", time.Second, "how often to check the rule files for changes")
+	fs.BoolVar(&cfg.AllowEmptyRules, "allow-empty-rules", false, "accept a rule set without limits (it admits every request); without it, an empty rule set\nfails to start and a reload to one fails and keeps the last good rules")
 	fs.StringVar(&cfg.DataDir, "data", "./data", "data `directory` for the PoP's durable state (created if missing)")
 	fs.StringVar(&cfg.Store, "store", "embedded", "counter store: embedded (in-process), or a Redis `URL` shared by the PoP's servers:\nredis://[user:pass@]host:port[/db], rediss:// for TLS, or host:port,host:port,... for a Redis Cluster")
 	fs.DurationVar(&cfg.RedisTimeout, "redis-timeout", 5*time.Millisecond, "deadline of a Redis check; past it the embedded store decides")

@@ -34,6 +34,10 @@ type Config struct {
 	Rules []string
 	// RulesInterval is how often rule files are polled for changes.
 	RulesInterval time.Duration
+	// AllowEmptyRules lets the PoP start with, or reload to, a rule set
+	// without limits, which admits every request. Off, such a load is an
+	// error (rules.ErrNoLimits) and the last good rules stay.
+	AllowEmptyRules bool
 	// DataDir holds the PoP's durable state; it is created if missing.
 	DataDir string
 	// Store is "embedded" or a Redis URL (redis://, rediss://, or a
@@ -125,6 +129,11 @@ func Run(ctx context.Context, cfg Config) error {
 	for _, w := range warns {
 		log.Warn("rules: " + w.String())
 	}
+	if !cfg.AllowEmptyRules {
+		if err := rules.CheckNotEmpty(set); err != nil {
+			return fmt.Errorf("%w (pass --allow-empty-rules if that is intended)", err)
+		}
+	}
 	if cfg.DataDir != "" {
 		if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 			return fmt.Errorf("data directory: %w", err)
@@ -176,7 +185,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	// The watcher's first look loads the files again (the same rules, unless
 	// they changed since the load above) and swaps them in.
-	go rules.NewWatcher(cfg.Rules, cfg.RulesInterval, log).Run(ctx,
+	watcher := rules.NewWatcher(cfg.Rules, cfg.RulesInterval, log)
+	watcher.AllowEmpty = cfg.AllowEmptyRules
+	go watcher.Run(ctx,
 		func(s *rules.Set, warns []rules.Warning) {
 			for _, w := range warns {
 				log.Warn("rules: " + w.String())

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgelimit/edgelimit/pop/rules"
 	"github.com/edgelimit/edgelimit/pop/store/redistest"
 )
 
@@ -143,5 +145,62 @@ func TestRunRejectsBadStore(t *testing.T) {
 	err := Run(context.Background(), Config{Listen: "127.0.0.1:0", Rules: []string{file}, Store: "mysql://x", Logger: slog.New(slog.DiscardHandler)})
 	if err == nil || !strings.Contains(err.Error(), "store") {
 		t.Fatalf("got %v, want a store error", err)
+	}
+}
+
+// metric returns the text of /metrics.
+func metricsText(t *testing.T, base string) string {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return string(body)
+}
+
+// Emptying the rules directory of a running PoP must not let everything
+// through: the reload fails (counted as result="error"), the last good rules
+// stay, and a key over its limit keeps being denied. A PoP does not start on
+// an empty rule set either, unless AllowEmptyRules says that is intended.
+func TestRunKeepsRulesWhenDirectoryEmptied(t *testing.T) {
+	dir := t.TempDir()
+	rulesDir := filepath.Join(dir, "rules")
+	os.Mkdir(rulesDir, 0o755)
+	file := filepath.Join(rulesDir, "rules.yaml")
+	os.WriteFile(file, []byte(rulesFile("2")), 0o644)
+	base, _, _ := start(t, Config{Rules: []string{rulesDir}, RulesInterval: 10 * time.Millisecond, DataDir: filepath.Join(dir, "data")})
+	for _, want := range []int{200, 200, 429} {
+		if got, _ := check(t, base); got != want {
+			t.Fatalf("status %d, want %d", got, want)
+		}
+	}
+	if err := os.Remove(file); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(metricsText(t, base), `edgelimit_rule_reloads_total{result="error"} 1`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("emptying the rules directory was not counted as a failed reload:\n%s", metricsText(t, base))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // several more polls
+	for range 3 {
+		if got, lim := check(t, base); got != 429 || lim != "2" {
+			t.Fatalf("after emptying the rules: status %d limit %q, want 429 under the last good limit 2", got, lim)
+		}
+	}
+
+	// At start, an empty directory is an error unless allowed.
+	empty := t.TempDir()
+	err := Run(context.Background(), Config{Listen: "127.0.0.1:0", Rules: []string{empty}, Logger: slog.New(slog.DiscardHandler)})
+	if !errors.Is(err, rules.ErrNoLimits) {
+		t.Fatalf("start on an empty directory: %v, want ErrNoLimits", err)
+	}
+	base2, _, _ := start(t, Config{Rules: []string{empty}, AllowEmptyRules: true, DataDir: filepath.Join(dir, "data2")})
+	if got, _ := check(t, base2); got != 200 {
+		t.Fatalf("allowed empty rules: status %d, want 200", got)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -94,14 +95,19 @@ type ruleFile struct {
 }
 
 // listFiles expands path into the rule files it names: the path itself when
-// it is not a directory, else the directory's rule files in name order. A
-// directory without rule files yields a warning.
+// it is a regular file (any other non-directory is an error), else the
+// directory's rule files in name order. Entries of a directory that are not
+// regular files (FIFOs, sockets, devices, dangling symlinks) are skipped with
+// a warning, as is a directory without rule files.
 func listFiles(path string) ([]string, []Warning, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, nil, err
 	}
 	if !fi.IsDir() {
+		if !fi.Mode().IsRegular() { // named explicitly: an error, not a hang
+			return nil, nil, fmt.Errorf("not a regular file (%s)", fileType(fi.Mode()))
+		}
 		return []string{path}, nil, nil
 	}
 	entries, err := os.ReadDir(path) // sorted by name
@@ -109,6 +115,7 @@ func listFiles(path string) ([]string, []Warning, error) {
 		return nil, nil, err
 	}
 	var out []string
+	var warns []Warning
 	for _, e := range entries {
 		n := e.Name()
 		if strings.HasPrefix(n, ".") || !(strings.HasSuffix(n, ".yaml") || strings.HasSuffix(n, ".yml")) {
@@ -116,17 +123,41 @@ func listFiles(path string) ([]string, []Warning, error) {
 		}
 		p := filepath.Join(path, n)
 		// Stat follows symlinks: ConfigMap files are links into ..data.
-		if fi, err := os.Stat(p); err != nil {
-			return nil, nil, err
-		} else if fi.IsDir() {
+		fi, err := os.Stat(p)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			// A dangling symlink, or a file removed since ReadDir.
+			warns = append(warns, Warning{File: p, Msg: "skipped: it does not exist (a dangling symlink?)"})
+			continue
+		case err != nil:
+			return nil, warns, err
+		case fi.IsDir():
+			continue
+		case !fi.Mode().IsRegular():
+			// Opening a FIFO would block until a writer comes; a socket
+			// cannot be opened; neither is a rule file.
+			warns = append(warns, Warning{File: p, Msg: "skipped: not a regular file (" + fileType(fi.Mode()) + ")"})
 			continue
 		}
 		out = append(out, p)
 	}
 	if len(out) == 0 {
-		return nil, []Warning{{File: path, Msg: "directory holds no *.yaml or *.yml rule files"}}, nil
+		warns = append(warns, Warning{File: path, Msg: "directory holds no *.yaml or *.yml rule files"})
 	}
-	return out, nil, nil
+	return out, warns, nil
+}
+
+// fileType names the type of a file that is not regular.
+func fileType(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	}
+	return "mode " + m.String()
 }
 
 // readFiles lists and reads the rule files of paths.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 )
@@ -23,11 +25,30 @@ const DefaultWatchInterval = time.Second
 //
 // A Watcher never calls onLoad with a bad rule set: when a load fails, the
 // caller's last good Set stays in force until the files change again and
-// load.
+// load. A rule set without a single limit (an emptied directory, files whose
+// domains have no limits) counts as bad — it would admit every request —
+// unless AllowEmpty is set.
 type Watcher struct {
+	// AllowEmpty lets a rule set without limits load. Set it before Run.
+	AllowEmpty bool
+
 	paths    []string
 	interval time.Duration
 	logger   *slog.Logger
+}
+
+// ErrNoLimits is the error (wrapped) of a load whose rule set has no limits,
+// when that is not allowed: an emptied rules directory would otherwise admit
+// every request.
+var ErrNoLimits = errors.New("rules: the rule set has no limits (every request would be allowed); refusing it")
+
+// CheckNotEmpty returns an error wrapping ErrNoLimits when set has no
+// limits, and nil otherwise.
+func CheckNotEmpty(set *Set) error {
+	if len(set.Limits()) > 0 {
+		return nil
+	}
+	return fmt.Errorf("%w (%d domains, 0 limits)", ErrNoLimits, len(set.domains))
 }
 
 // NewWatcher returns a Watcher of paths (files or directories, as for Load)
@@ -84,6 +105,15 @@ func (w *Watcher) load(files []ruleFile, warns []Warning, readErr error, onLoad 
 		return
 	}
 	warns = append(warns, more...)
+	if !w.AllowEmpty {
+		if err := CheckNotEmpty(set); err != nil {
+			for _, wn := range warns { // they may say why (a directory without rule files)
+				w.logger.Warn("rules: " + wn.String())
+			}
+			onError(err)
+			return
+		}
+	}
 	w.logger.Info("rules loaded", "files", len(files), "domains", len(set.domains), "limits", len(set.Limits()), "warnings", len(warns))
 	onLoad(set, warns)
 }

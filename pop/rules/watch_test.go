@@ -2,11 +2,14 @@ package rules
 
 import (
 	"context"
+	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -172,4 +175,130 @@ func TestWatcher(t *testing.T) {
 		writeFile(t, dir, "d.yaml", rulesWith(13))
 		wantQuota(t, nextLoad(t, loads2, errs2), 13)
 	})
+}
+
+// watchAllowingEmpty is watch with AllowEmpty set.
+func watchAllowingEmpty(t *testing.T, paths ...string) (<-chan *Set, <-chan error) {
+	t.Helper()
+	loads, errs := make(chan *Set, 16), make(chan error, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		w := NewWatcher(paths, 20*time.Millisecond, nil)
+		w.AllowEmpty = true
+		w.Run(ctx, func(s *Set, _ []Warning) { loads <- s }, func(err error) { errs <- err })
+	}()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	return loads, errs
+}
+
+// Emptying a rules directory must not turn into "allow everything": the
+// reload is an error (ErrNoLimits) and the caller keeps its last good rules,
+// unless the watcher was told empty rule sets are intended.
+func TestWatcherRejectsEmptyRules(t *testing.T) {
+	t.Run("emptied directory", func(t *testing.T) {
+		dir := t.TempDir()
+		file := writeFile(t, dir, "rules.yaml", rulesWith(10))
+		loads, errs := watch(t, dir)
+		wantQuota(t, nextLoad(t, loads, errs), 10)
+		if err := os.Remove(file); err != nil {
+			t.Fatal(err)
+		}
+		if err := nextError(t, loads, errs); !errors.Is(err, ErrNoLimits) {
+			t.Fatalf("error %v, want ErrNoLimits", err)
+		}
+		writeFile(t, dir, "rules.yaml", rulesWith(11))
+		wantQuota(t, nextLoad(t, loads, errs), 11)
+	})
+	t.Run("file with a domain and no limits", func(t *testing.T) {
+		file := writeFile(t, t.TempDir(), "rules.yaml", rulesWith(10))
+		loads, errs := watch(t, file)
+		wantQuota(t, nextLoad(t, loads, errs), 10)
+		writeFile(t, filepath.Dir(file), "rules.yaml", "domain: d\n")
+		if err := nextError(t, loads, errs); !errors.Is(err, ErrNoLimits) {
+			t.Fatalf("error %v, want ErrNoLimits", err)
+		}
+	})
+	t.Run("allowed", func(t *testing.T) {
+		dir := t.TempDir()
+		file := writeFile(t, dir, "rules.yaml", rulesWith(10))
+		loads, errs := watchAllowingEmpty(t, dir)
+		wantQuota(t, nextLoad(t, loads, errs), 10)
+		if err := os.Remove(file); err != nil {
+			t.Fatal(err)
+		}
+		if s := nextLoad(t, loads, errs); len(s.Limits()) != 0 {
+			t.Fatalf("%d limits, want none", len(s.Limits()))
+		}
+	})
+}
+
+// Entries of a rules directory that are not regular files — a directory, a
+// FIFO, a socket, a dangling symlink, all named like rule files — are skipped
+// with a warning naming them; Load neither fails nor blocks on them.
+func TestLoadSkipsNonRegularFiles(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "good.yaml", rulesWith(7))
+	if err := os.Mkdir(filepath.Join(dir, "adir.yaml"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(dir, "fifo.yaml"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(dir, "missing"), filepath.Join(dir, "dangling.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	// A Unix socket path must be short: make it in a short temporary directory.
+	sockDir, err := os.MkdirTemp("", "el")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	ln, err := net.Listen("unix", filepath.Join(sockDir, "s.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	if err := os.Symlink(filepath.Join(sockDir, "s.yaml"), filepath.Join(dir, "sock.yaml")); err != nil {
+		t.Fatal(err)
+	}
+
+	type result struct {
+		set   *Set
+		warns []Warning
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		s, w, err := Load(dir)
+		done <- result{s, w, err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Load blocked on a non-regular file")
+	}
+	if r.err != nil {
+		t.Fatalf("Load: %v", r.err)
+	}
+	if got := quota(r.set); got != 7 {
+		t.Fatalf("quota %d, want 7 from good.yaml", got)
+	}
+	var text []string
+	for _, w := range r.warns {
+		text = append(text, w.String())
+	}
+	all := strings.Join(text, "\n")
+	for _, name := range []string{"fifo.yaml", "dangling.yaml", "sock.yaml"} {
+		if !strings.Contains(all, name) {
+			t.Errorf("no warning names %s; warnings:\n%s", name, all)
+		}
+	}
+
+	// The watcher skips them the same way.
+	loads, errs := watch(t, dir)
+	wantQuota(t, nextLoad(t, loads, errs), 7)
 }
