@@ -1,6 +1,7 @@
 package pop
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,7 +26,19 @@ type Metrics struct {
 	observers map[string]prometheus.Observer
 
 	byLimit atomic.Pointer[map[*rules.Limit]*limitCounters]
+
+	// ruleLabels are the (domain, rule) label pairs of the rule set in force,
+	// so that a reload can delete the series of the rules it dropped; requires
+	// reloadMu held.
+	reloadMu   sync.Mutex
+	ruleLabels map[ruleLabel]bool
 }
+
+// ruleLabel is the (domain, rule) labels of a limit's decision series.
+type ruleLabel struct{ domain, rule string }
+
+// outcomes are the values of edgelimit_decisions_total's outcome label.
+var outcomes = [...]string{"allowed", "denied", "shadow_denied", "spared", "mitigated"}
 
 type limitCounters struct {
 	allowed, denied, shadowDenied, spared, mitigated prometheus.Counter
@@ -73,16 +86,33 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 }
 
 // RulesLoaded records a successful load of set and resolves its counters.
+// The decision series of rules that set no longer has are deleted, so a
+// reload does not leave stale series behind; a rule that stays (same domain
+// and name) keeps its counts.
 func (m *Metrics) RulesLoaded(set *rules.Set) {
 	if m == nil {
 		return
 	}
+	m.reloadMu.Lock()
+	defer m.reloadMu.Unlock()
 	by := make(map[*rules.Limit]*limitCounters)
+	labels := make(map[ruleLabel]bool)
 	for _, l := range set.Limits() {
 		c := func(outcome string) prometheus.Counter { return m.decisions.WithLabelValues(l.Domain, l.Name, outcome) }
 		by[l] = &limitCounters{allowed: c("allowed"), denied: c("denied"), shadowDenied: c("shadow_denied"), spared: c("spared"), mitigated: c("mitigated")}
+		labels[ruleLabel{l.Domain, l.Name}] = true
 	}
 	m.byLimit.Store(&by)
+	// A check still running on the old set may increment a deleted child;
+	// that count is lost with the series, which is what removing a rule means.
+	for old := range m.ruleLabels {
+		if !labels[old] {
+			for _, o := range outcomes {
+				m.decisions.DeleteLabelValues(old.domain, old.rule, o)
+			}
+		}
+	}
+	m.ruleLabels = labels
 	m.reloads.WithLabelValues("ok").Inc()
 	m.rulesLoaded.SetToCurrentTime()
 }

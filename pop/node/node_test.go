@@ -204,3 +204,50 @@ func TestRunKeepsRulesWhenDirectoryEmptied(t *testing.T) {
 		t.Fatalf("allowed empty rules: status %d, want 200", got)
 	}
 }
+
+// A reload that drops a rule drops that rule's decision series from /metrics;
+// the rules that stay keep theirs.
+func TestRunDropsMetricsOfRemovedRules(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "rules.yaml")
+	two := "domain: d\ndescriptors:\n" +
+		"  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 5, name: keep}\n" +
+		"  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5, name: gone}\n"
+	os.WriteFile(file, []byte(two), 0o644)
+	base, _, _ := start(t, Config{Rules: []string{file}, RulesInterval: 10 * time.Millisecond, DataDir: filepath.Join(dir, "data")})
+	check(t, base)
+	m := metricsText(t, base)
+	for _, want := range []string{`rule="keep"`, `rule="gone"`} {
+		if !strings.Contains(m, want) {
+			t.Fatalf("no %s series before the reload:\n%s", want, m)
+		}
+	}
+	os.WriteFile(file, []byte("domain: d\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 5, name: keep}\n"), 0o644)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		m = metricsText(t, base)
+		if strings.Contains(m, `edgelimit_rule_reloads_total{result="ok"} 3`) { // start, first watch, reload
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no reload within 5s:\n%s", m)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if strings.Contains(m, `rule="gone"`) {
+		t.Errorf("series of the removed rule survive the reload:\n%s", grep(m, "edgelimit_decisions_total"))
+	}
+	if !strings.Contains(m, `edgelimit_decisions_total{domain="d",outcome="allowed",rule="keep"} 1`) {
+		t.Errorf("the kept rule lost its series or count:\n%s", grep(m, "edgelimit_decisions_total"))
+	}
+}
+
+func grep(text, substr string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
