@@ -293,3 +293,73 @@ func appliedSome(t *testing.T, addr string) bool {
 	}
 	return false
 }
+
+// A PoP process given a wrong Redis password (in a file, as operators should)
+// logs the refusal, reports not ready with the reason, and prints neither the
+// password it was given nor one in --store's URL. With the right password it
+// becomes ready.
+func TestPoPRedisPassword(t *testing.T) {
+	bin := buildBinary(t)
+	const right, wrong, inURL = "e2e-right-pw", "e2e-wrong-pw", "e2e-url-pw"
+	srv := redistest.StartWithPassword(t, right)
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "rules.yaml")
+	os.WriteFile(rules, []byte("domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: hour, requests_per_unit: 20, fail_closed: true}\n"), 0o644)
+	pwFile := filepath.Join(dir, "redis-password")
+	os.WriteFile(pwFile, []byte(wrong+"\n"), 0o600)
+	addr := freeAddr(t)
+	cmd := exec.Command(bin, "pop", "--listen", addr, "--rules", rules, "--data", filepath.Join(dir, "data"),
+		"--store", "redis://:"+inURL+"@"+srv.Addr, "--redis-password-file", pwFile)
+	var logs strings.Builder
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	cmd.Env = demoEnv()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }() // Wait: logs is complete once it returns
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+
+	var code int
+	var body string
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			code, body = resp.StatusCode, string(b)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pop not serving after 20s: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code != 503 || !strings.Contains(body, "WRONGPASS") || !strings.HasPrefix(body, "{") {
+		t.Errorf("/readyz %d %s, want 503 with a JSON reason naming WRONGPASS", code, body)
+	}
+	if c := popCheck(t, addr); c != 429 {
+		t.Errorf("check with fail_closed and no Redis: %d, want 429", c)
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(15 * time.Second):
+		t.Fatal("pop did not exit on SIGTERM")
+	}
+	out := logs.String()
+	if !strings.Contains(out, "refuses authentication") {
+		t.Errorf("the log does not report the refused authentication:\n%s", out)
+	}
+	for _, secret := range []string{right, wrong, inURL} {
+		if strings.Contains(out, secret) {
+			t.Errorf("the log holds the password %q:\n%s", secret, out)
+		}
+	}
+
+	// The right password in the file: ready.
+	os.WriteFile(pwFile, []byte(right+"\n"), 0o600)
+	startPoP(t, bin, "--listen", freeAddr(t), "--rules", rules, "--data", filepath.Join(dir, "data2"),
+		"--store", "redis://"+srv.Addr, "--redis-password-file", pwFile)
+}

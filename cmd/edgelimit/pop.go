@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -40,6 +41,8 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 		level  string
 		format string
 		repl   replFlags
+
+		redisPasswordFile string
 	)
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8080", "address of the HTTP API")
 	fs.Var(&rules, "rules", "rule `files or directories` (comma-separated or repeated); YAML in Envoy ratelimit's format")
@@ -47,6 +50,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&cfg.AllowEmptyRules, "allow-empty-rules", false, "accept a rule set without limits (it admits every request); without it, an empty rule set\nfails to start and a reload to one fails and keeps the last good rules")
 	fs.StringVar(&cfg.DataDir, "data", "./data", "data `directory` for the PoP's durable state (created if missing)")
 	fs.StringVar(&cfg.Store, "store", "embedded", "counter store: embedded (in-process), or a Redis `URL` shared by the PoP's servers:\nredis://[user:pass@]host:port[/db], rediss:// for TLS, or host:port,host:port,... for a Redis Cluster")
+	fs.StringVar(&redisPasswordFile, "redis-password-file", "", "`file` holding the Redis password (one line; it replaces a password in --store's URL,\nand keeps it out of the command line and the environment)")
 	fs.DurationVar(&cfg.RedisTimeout, "redis-timeout", 5*time.Millisecond, "deadline of a Redis check; past it the embedded store decides")
 	fs.DurationVar(&cfg.RedisBatchWindow, "redis-batch-window", store.DefaultBatchWindow, "how long a Redis pipeline waits for more checks while another is in flight (negative: send at once)")
 	fs.IntVar(&cfg.RedisPipelines, "redis-pipelines", store.DefaultPipelines, "Redis pipelines in flight at once, each on its own connection")
@@ -89,6 +93,13 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	case cfg.RulesInterval <= 0:
 		return fmt.Errorf("--rules-interval must be > 0, got %v", cfg.RulesInterval)
 	}
+	if redisPasswordFile != "" {
+		pw, err := readSecret(redisPasswordFile)
+		if err != nil {
+			return fmt.Errorf("--redis-password-file: %w", err)
+		}
+		cfg.RedisPassword = pw
+	}
 	topo, err := repl.validate()
 	if err != nil {
 		return err
@@ -120,4 +131,20 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+// readSecret reads a one-line secret from file, without its line ending.
+func readSecret(file string) (string, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", err
+	}
+	pw := strings.TrimRight(string(b), "\r\n")
+	if pw == "" {
+		return "", fmt.Errorf("%s is empty", file)
+	}
+	if strings.ContainsAny(pw, "\r\n") {
+		return "", fmt.Errorf("%s holds more than one line", file)
+	}
+	return pw, nil
 }

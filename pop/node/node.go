@@ -43,6 +43,13 @@ type Config struct {
 	// Store is "embedded" or a Redis URL (redis://, rediss://, or a
 	// comma-separated Cluster seed list).
 	Store string
+	// RedisPassword, when set, authenticates to Redis instead of the URL's
+	// password (cmd reads it from --redis-password-file).
+	RedisPassword string
+	// StoreHealthInterval is how often a Redis store is pinged to report
+	// readiness and log connection or authentication failures; 0 means
+	// DefaultStoreHealthInterval.
+	StoreHealthInterval time.Duration
 	// RedisTimeout is a Redis check's deadline; past it, the check is
 	// decided by the embedded store.
 	RedisTimeout time.Duration
@@ -151,11 +158,24 @@ func Run(ctx context.Context, cfg Config) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := pop.NewMetrics(reg)
 
-	st, counts, closeStore, err := openStore(cfg, reg)
+	st, counts, ping, closeStore, err := openStore(cfg, reg)
 	if err != nil {
 		return err
 	}
 	defer closeStore()
+	health := &storeHealth{ping: ping, log: log}
+	if ping != nil {
+		// Probe once before serving, so that a wrong password or an
+		// unreachable server is in the log (and in /readyz) from the start.
+		health.probe(time.Now())
+		interval := cfg.StoreHealthInterval
+		if interval <= 0 {
+			interval = DefaultStoreHealthInterval
+		}
+		stop := make(chan struct{})
+		defer close(stop)
+		go every(interval, stop, func(now int64) { health.probe(time.Unix(0, now)) })
+	}
 
 	eng := pop.NewEngine(st, set, metrics)
 	var mit *pop.Mitigations
@@ -207,6 +227,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Mitigations:    mit,
 		Metrics:        metrics,
 		MetricsHandler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
+		Ready:          health.ready,
 		Logger:         log,
 	})
 	srv := &http.Server{
@@ -251,11 +272,12 @@ func Run(ctx context.Context, cfg Config) error {
 	return nil
 }
 
+// storeName is the --store setting as logs show it: without passwords.
 func storeName(s string) string {
 	if s == "" {
 		return "embedded"
 	}
-	return s
+	return store.RedactURL(s)
 }
 
 // openStore builds the counter store the configuration names and registers
@@ -266,7 +288,10 @@ func storeName(s string) string {
 // With a replica name, the store that decides also replicates: the embedded
 // store, or Redis — whose own fallback store then counts this PoP's hits
 // alone while Redis is unreachable.
-func openStore(cfg Config, reg prometheus.Registerer) (pop.Store, Counts, func(), error) {
+//
+// ping, nil for the embedded store, asks Redis whether it answers and accepts
+// the credentials.
+func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, counts Counts, ping func(context.Context) error, closeStore func(), err error) {
 	embedded := cfg.Store == "" || cfg.Store == "embedded"
 	memCfg := store.MemoryConfig{MaxKeys: cfg.MaxKeys}
 	if embedded {
@@ -281,22 +306,22 @@ func openStore(cfg Config, reg prometheus.Registerer) (pop.Store, Counts, func()
 	}
 	go every(sweepEvery, stop, func(now int64) { mem.SweepAt(now) })
 	if embedded {
-		return mem, mem, func() { close(stop) }, nil
+		return mem, mem, nil, func() { close(stop) }, nil
 	}
 	clock, err := store.ParseClockSource(cfg.RedisClock)
 	if err != nil {
 		close(stop)
-		return nil, nil, nil, fmt.Errorf("--redis-clock: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("--redis-clock: %w", err)
 	}
-	rs, err := store.OpenRedis(store.RedisConfig{URL: cfg.Store, Timeout: cfg.RedisTimeout, ClockSource: clock,
+	rs, err := store.OpenRedis(store.RedisConfig{URL: cfg.Store, Password: cfg.RedisPassword, Timeout: cfg.RedisTimeout, ClockSource: clock,
 		BatchWindow: cfg.RedisBatchWindow, Pipelines: cfg.RedisPipelines, Replica: cfg.Replica, RegionPeers: cfg.RegionPeers})
 	if err != nil {
 		close(stop)
-		return nil, nil, nil, fmt.Errorf("store: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("store: %w", err)
 	}
 	fb := store.NewFallback(rs, mem, store.FallbackConfig{Failures: cfg.BreakerFailures, Cooldown: cfg.BreakerCooldown})
 	registerFallback(reg, fb)
-	return fb, rs, func() { close(stop); _ = rs.Close() }, nil
+	return fb, rs, rs.Ping, func() { close(stop); _ = rs.Close() }, nil
 }
 
 func registerFallback(reg prometheus.Registerer, fb *store.Fallback) {

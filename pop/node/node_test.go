@@ -33,14 +33,19 @@ func check(t *testing.T, base string) (int, string) {
 	return resp.StatusCode, resp.Header.Get("X-RateLimit-Limit")
 }
 
-// start runs a PoP with cfg (Listen, Ready, Logger and ShutdownTimeout
-// filled in) until the returned cancel is called, and returns its base URL and
+// start runs a PoP with cfg (Listen and Ready filled in, Logger and
+// ShutdownTimeout when unset) until the returned cancel is called, and returns its base URL and
 // the channel Run's result arrives on.
 func start(t *testing.T, cfg Config) (base string, cancel func(), done <-chan error) {
 	t.Helper()
 	ready := make(chan net.Addr, 1)
-	cfg.Listen, cfg.Ready, cfg.ShutdownTimeout = "127.0.0.1:0", ready, time.Second
-	cfg.Logger = slog.New(slog.DiscardHandler)
+	cfg.Listen, cfg.Ready = "127.0.0.1:0", ready
+	if cfg.ShutdownTimeout == 0 {
+		cfg.ShutdownTimeout = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	t.Cleanup(stop)
 	errc := make(chan error, 1)

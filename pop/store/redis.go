@@ -88,6 +88,9 @@ type RedisConfig struct {
 	// one a redis:// URL) for a Redis Cluster. Query parameters of go-redis's
 	// ParseURL / ParseClusterURL (dial_timeout, pool_size, …) are honoured.
 	URL string
+	// Password, when set, authenticates instead of the URL's password (so
+	// that the secret need not travel in the URL, the command line or logs).
+	Password string
 	// Cluster forces a Cluster client for a URL with a single seed.
 	Cluster bool
 	// Timeout is a check's deadline when its context has none sooner;
@@ -297,7 +300,10 @@ func newRedisClient(cfg RedisConfig) (redis.UniversalClient, bool, error) {
 		}
 		opt, err := redis.ParseClusterURL(first)
 		if err != nil {
-			return nil, false, fmt.Errorf("store: redis: cluster URL %q: %w", cfg.URL, err)
+			return nil, false, fmt.Errorf("store: redis: cluster URL %q: %w", RedactURL(cfg.URL), redactURLError(err))
+		}
+		if cfg.Password != "" {
+			opt.Password = cfg.Password
 		}
 		for _, a := range seeds[1:] {
 			if a = strings.TrimSpace(a); a != "" {
@@ -322,7 +328,10 @@ func newRedisClient(cfg RedisConfig) (redis.UniversalClient, bool, error) {
 	}
 	opt, err := redis.ParseURL(u)
 	if err != nil {
-		return nil, false, fmt.Errorf("store: redis: URL %q: %w", cfg.URL, err)
+		return nil, false, fmt.Errorf("store: redis: URL %q: %w", RedactURL(cfg.URL), redactURLError(err))
+	}
+	if cfg.Password != "" {
+		opt.Password = cfg.Password
 	}
 	opt.MaxRetries = -1
 	opt.ContextTimeoutEnabled = true

@@ -40,6 +40,9 @@ type Server struct {
 	Addr string
 	// Port is Addr's port.
 	Port int
+	// Password is the server's requirepass ("" for none); Do authenticates
+	// with it. Read it only before SetPassword may run (or use URL).
+	Password string
 
 	t    testing.TB
 	dir  string
@@ -50,8 +53,16 @@ type Server struct {
 	done chan struct{} // closed when cmd has exited
 }
 
-// URL is the server's redis:// URL.
-func (s *Server) URL() string { return "redis://" + s.Addr }
+// URL is the server's redis:// URL, with the password when it has one.
+func (s *Server) URL() string {
+	s.mu.Lock()
+	password := s.Password
+	s.mu.Unlock()
+	if password != "" {
+		return "redis://:" + password + "@" + s.Addr
+	}
+	return "redis://" + s.Addr
+}
 
 // require finds bin on PATH, or skips (fails under CI=true) the test.
 func require(t testing.TB, bins ...string) {
@@ -75,6 +86,14 @@ func Start(t testing.TB) *Server {
 	t.Helper()
 	require(t, "redis-server")
 	return start(t, nil)
+}
+
+// StartWithPassword is Start with requirepass set to password: clients must
+// authenticate (AUTH password, or redis://:password@host in a URL).
+func StartWithPassword(t testing.TB, password string) *Server {
+	t.Helper()
+	require(t, "redis-server")
+	return startOpts(t, nil, password)
 }
 
 // StartCluster starts masters cluster-enabled servers, forms a cluster of
@@ -119,6 +138,11 @@ func StartCluster(t testing.TB, masters int) []*Server {
 // takes the port between choosing and binding it.
 func start(t testing.TB, extra []string) *Server {
 	t.Helper()
+	return startOpts(t, extra, "")
+}
+
+func startOpts(t testing.TB, extra []string, password string) *Server {
+	t.Helper()
 	var lastErr error
 	for range 5 {
 		port, err := freePort(extra != nil)
@@ -126,10 +150,11 @@ func start(t testing.TB, extra []string) *Server {
 			t.Fatalf("redistest: no free port: %v", err)
 		}
 		s := &Server{
-			Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
-			Port: port,
-			t:    t,
-			dir:  t.TempDir(),
+			Addr:     net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+			Port:     port,
+			Password: password,
+			t:        t,
+			dir:      t.TempDir(),
 		}
 		s.args = append([]string{
 			"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
@@ -137,6 +162,9 @@ func start(t testing.TB, extra []string) *Server {
 			"--daemonize", "no", "--protected-mode", "no",
 			"--loglevel", "warning",
 		}, extra...)
+		if password != "" {
+			s.args = append(s.args, "--requirepass", password)
+		}
 		if lastErr = s.launch(); lastErr == nil {
 			t.Cleanup(s.stop)
 			return s
@@ -261,15 +289,45 @@ func (s *Server) Do(args ...string) (string, error) {
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	r := bufio.NewReader(conn)
+	s.mu.Lock()
+	password := s.Password
+	s.mu.Unlock()
+	if password != "" {
+		if err := writeCommand(conn, "AUTH", password); err != nil {
+			return "", fmt.Errorf("redistest: write to %s: %w", s.Addr, err)
+		}
+		if _, err := readReply(r); err != nil {
+			return "", err
+		}
+	}
+	if err := writeCommand(conn, args...); err != nil {
+		return "", fmt.Errorf("redistest: write to %s: %w", s.Addr, err)
+	}
+	return readReply(r)
+}
+
+// SetPassword changes the running server's requirepass (CONFIG SET), and the
+// password Do uses.
+func (s *Server) SetPassword(password string) error {
+	if _, err := s.Do("CONFIG", "SET", "requirepass", password); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.Password = password
+	s.mu.Unlock()
+	return nil
+}
+
+// writeCommand writes one RESP command.
+func writeCommand(w io.Writer, args ...string) error {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "*%d\r\n", len(args))
 	for _, a := range args {
 		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
 	}
-	if _, err := conn.Write(b.Bytes()); err != nil {
-		return "", fmt.Errorf("redistest: write to %s: %w", s.Addr, err)
-	}
-	return readReply(bufio.NewReader(conn))
+	_, err := w.Write(b.Bytes())
+	return err
 }
 
 // readReply reads one RESP2 reply.
