@@ -47,8 +47,8 @@ func (s *Server) handleAuthz(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 
-	st := s.bufs.Get().(*reqState)
-	defer s.bufs.Put(st)
+	st := s.getState()
+	defer s.putState(st)
 	st.req = pop.Request{Domain: dom.Name, Descriptors: st.req.Descriptors[:0]}
 	for _, entries := range dom.ForwardAuth.Descriptors {
 		d, ok := deriveDescriptor(r, entries)

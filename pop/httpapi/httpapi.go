@@ -19,6 +19,7 @@ package httpapi
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -26,10 +27,13 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -44,6 +48,16 @@ const (
 	DefaultMaxBody = 64 << 10
 	// MaxBatch caps the checks of one batch request.
 	MaxBatch = 1000
+	// DefaultMaxBodyMemory bounds the memory held by request bodies in
+	// flight (Config.MaxBodyMemory).
+	DefaultMaxBodyMemory = 64 << 20
+	// presize is the most a body buffer is sized up front from the
+	// request's Content-Length; past it the buffer grows as data arrives,
+	// so a client cannot make the server allocate what it only announces.
+	presize = 16 << 10
+	// maxPooled is the largest body or output buffer kept for reuse;
+	// larger ones, grown by an occasional big batch, go to the collector.
+	maxPooled = 64 << 10
 )
 
 // Config configures a Server.
@@ -59,7 +73,15 @@ type Config struct {
 	Ready func() error
 	// MaxBody caps request bodies; 0 means DefaultMaxBody (×MaxBatch/8 for batches).
 	MaxBody int64
-	Logger  *slog.Logger
+	// MaxBodyMemory bounds the bytes held for request bodies (and their
+	// decoding) by all requests in flight together; a request that would
+	// exceed it gets 503 with Retry-After. 0 means DefaultMaxBodyMemory. It
+	// should be at least a batch's MaxBody, or large batches always fail.
+	MaxBodyMemory int64
+	// HideMitigations leaves GET /v1/mitigations out (404): it lists key
+	// values, possibly API keys, to anyone who can reach the port.
+	HideMitigations bool
+	Logger          *slog.Logger
 	// Now reads the clock; nil means time.Now. The simulator and tests set it.
 	Now func() time.Time
 }
@@ -69,6 +91,8 @@ type Server struct {
 	cfg  Config
 	mux  *http.ServeMux
 	bufs sync.Pool // *reqState
+
+	bodyMemory atomic.Int64 // bytes charged by requests in flight (budget)
 }
 
 // reqState is one request's reusable memory.
@@ -78,12 +102,61 @@ type reqState struct {
 	req   pop.Request
 	res   pop.Result
 	batch []pop.Request
+
+	charged int64 // bytes of Server.bodyMemory this request holds
+}
+
+// getState takes a request state from the pool.
+func (s *Server) getState() *reqState { return s.bufs.Get().(*reqState) }
+
+// putState releases st's share of the body budget and pools it, without
+// buffers grown past maxPooled.
+func (s *Server) putState(st *reqState) {
+	s.release(st)
+	if cap(st.body) > maxPooled {
+		st.body = make([]byte, 0, 1024)
+	}
+	if cap(st.out) > maxPooled {
+		st.out = make([]byte, 0, 1024)
+	}
+	if cap(st.batch) > 64 {
+		st.batch = nil
+	}
+	s.bufs.Put(st)
+}
+
+// errBusy is readBody's error when the body budget is spent.
+var errBusy = errors.New("too many request bodies in flight; retry shortly")
+
+// charge takes n more bytes of the body budget for st, or reports false
+// (taking nothing) when that would exceed it.
+func (s *Server) charge(st *reqState, n int64) bool {
+	if n <= 0 {
+		return true
+	}
+	if s.bodyMemory.Add(n) > s.cfg.MaxBodyMemory {
+		s.bodyMemory.Add(-n)
+		return false
+	}
+	st.charged += n
+	return true
+}
+
+// release returns st's share of the body budget.
+func (s *Server) release(st *reqState) {
+	if st.charged != 0 {
+		s.bodyMemory.Add(-st.charged)
+		st.charged = 0
+	}
 }
 
 // New returns a Server.
 func New(cfg Config) *Server {
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = DefaultMaxBody
+	}
+	if cfg.MaxBodyMemory <= 0 {
+		cfg.MaxBodyMemory = DefaultMaxBodyMemory
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -95,15 +168,17 @@ func New(cfg Config) *Server {
 	s.bufs.New = func() any { return &reqState{body: make([]byte, 0, 1024), out: make([]byte, 0, 1024)} }
 	s.mux.HandleFunc("/v1/check", s.handleCheck)
 	s.mux.HandleFunc("/v1/check/batch", s.handleBatch)
-	s.mux.HandleFunc("/v1/mitigations", s.handleMitigations)
+	if !cfg.HideMitigations {
+		s.mux.HandleFunc("/v1/mitigations", s.handleMitigations)
+	}
 	s.mux.HandleFunc("/v1/authz", s.handleAuthz)
 	s.mux.HandleFunc("/v1/authz/", s.handleAuthz)
-	s.mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+	s.mux.HandleFunc("/healthz", onlyGet(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, []byte(`{"status":"ok"}`))
-	})
-	s.mux.HandleFunc("/readyz", s.handleReady)
+	}))
+	s.mux.HandleFunc("/readyz", onlyGet(s.handleReady))
 	if cfg.MetricsHandler != nil {
-		s.mux.Handle("/metrics", cfg.MetricsHandler)
+		s.mux.HandleFunc("/metrics", onlyGet(cfg.MetricsHandler.ServeHTTP))
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "NOT_FOUND", "", fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
@@ -113,6 +188,18 @@ func New(cfg Config) *Server {
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// onlyGet answers methods other than GET and HEAD with a JSON 405.
+func onlyGet(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			writeError(w, http.StatusMethodNotAllowed, "METHOD_NOT_ALLOWED", "", "use GET")
+			return
+		}
+		h(w, r)
+	}
+}
 
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Ready != nil {
@@ -130,18 +217,23 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusMethodNotAllowed, "METHOD_NOT_ALLOWED", "", "use POST with a JSON RateLimitRequest body")
 		return
 	}
-	st := s.bufs.Get().(*reqState)
-	defer s.bufs.Put(st)
+	st := s.getState()
+	defer s.putState(st)
 	if err := s.readBody(w, r, st, s.cfg.MaxBody); err != nil {
-		s.badRequest(w, "check", "", err.Error())
+		s.bodyFailed(w, "check", err)
 		return
 	}
 	if !decodeFast(st.body, &st.req) {
 		// A fresh value: encoding/json merges into existing slice elements,
 		// which would keep strings of an earlier request.
 		st.req = pop.Request{}
-		if err := decodeStrict(st.body, &st.req); err != nil {
-			s.badRequest(w, "check", "", err.Error())
+		if err := s.decodeSlow(st, &st.req); err != nil {
+			s.bodyFailed(w, "check", err)
+			return
+		}
+		if !utf8.Valid(st.body) {
+			field := invalidUTF8Field(&st.req, "")
+			s.badRequest(w, "check", cmp.Or(field, "body"), cmp.Or(field, "body")+": invalid UTF-8")
 			return
 		}
 	}
@@ -175,18 +267,31 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusMethodNotAllowed, "METHOD_NOT_ALLOWED", "", `use POST with {"checks":[RateLimitRequest, ...]}`)
 		return
 	}
-	st := s.bufs.Get().(*reqState)
-	defer s.bufs.Put(st)
+	st := s.getState()
+	defer s.putState(st)
 	if err := s.readBody(w, r, st, s.cfg.MaxBody*MaxBatch/8); err != nil {
-		s.badRequest(w, "batch", "", err.Error())
+		s.bodyFailed(w, "batch", err)
 		return
 	}
 	var batch batchRequest
 	if decodeBatchFast(st.body, &st.batch) {
 		batch.Checks = st.batch
-	} else if err := decodeStrict(st.body, &batch); err != nil {
-		s.badRequest(w, "batch", "", err.Error())
-		return
+	} else {
+		if err := s.decodeSlow(st, &batch); err != nil {
+			s.bodyFailed(w, "batch", err)
+			return
+		}
+		if !utf8.Valid(st.body) {
+			field := "checks"
+			for i := range batch.Checks {
+				if f := invalidUTF8Field(&batch.Checks[i], fmt.Sprintf("checks[%d].", i)); f != "" {
+					field = f
+					break
+				}
+			}
+			s.badRequest(w, "batch", field, field+": invalid UTF-8")
+			return
+		}
 	}
 	switch {
 	case len(batch.Checks) == 0:
@@ -262,34 +367,120 @@ func appendCheckError(out []byte, i int, err error) []byte {
 	return append(out, `}}`...)
 }
 
-// readBody reads r's body into st.body, at most limit bytes.
+// readBody reads r's body into st.body, at most limit bytes. The buffer
+// starts at most presize bytes whatever Content-Length announces, and grows
+// as data arrives; every byte of it is charged to the server's body budget
+// (released by putState). Its errors are a *bodyError or errBusy.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request, st *reqState, limit int64) error {
 	if r.ContentLength > limit {
-		return fmt.Errorf("body: %d bytes, the limit is %d", r.ContentLength, limit)
+		return &bodyError{http.StatusBadRequest, "BAD_REQUEST", fmt.Sprintf("body: %d bytes, the limit is %d", r.ContentLength, limit)}
 	}
-	if n := int(r.ContentLength); n > 0 { // the common case: read exactly that
-		if cap(st.body) < n {
-			st.body = make([]byte, n)
-		}
-		st.body = st.body[:n]
-		if _, err := io.ReadFull(r.Body, st.body); err != nil {
-			return fmt.Errorf("body: %v", err)
-		}
-		return nil
+	buf := st.body[:0]
+	if n := int(min(r.ContentLength, presize)); cap(buf) < n {
+		buf = make([]byte, 0, n)
 	}
-	body := bytes.NewBuffer(st.body[:0])
-	_, err := body.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
-	st.body = body.Bytes()
+	if !s.charge(st, int64(cap(buf))) {
+		return errBusy
+	}
+	body := http.MaxBytesReader(w, r.Body, limit)
+	var err error
+	for {
+		if len(buf) == cap(buf) {
+			grown := int64(max(2*cap(buf), 4096))
+			if r.ContentLength > 0 { // no more than announced (+1 to see EOF)
+				grown = min(grown, max(r.ContentLength+1, int64(cap(buf))+512))
+			}
+			grown = min(grown, limit+1)
+			if !s.charge(st, grown-int64(cap(buf))) {
+				st.body = buf
+				return errBusy
+			}
+			nb := make([]byte, len(buf), grown)
+			copy(nb, buf)
+			buf = nb
+		}
+		var n int
+		n, err = body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err != nil {
+			break
+		}
+	}
+	st.body = buf
 	var tooBig *http.MaxBytesError
 	switch {
+	case errors.Is(err, io.EOF):
 	case errors.As(err, &tooBig):
-		return fmt.Errorf("body: larger than the limit of %d bytes", limit)
-	case err != nil:
-		return fmt.Errorf("body: %v", err)
-	case len(st.body) == 0:
-		return errors.New("body: empty; want a JSON object")
+		return &bodyError{http.StatusBadRequest, "BAD_REQUEST", fmt.Sprintf("body: larger than the limit of %d bytes", limit)}
+	case isTimeout(err):
+		return &bodyError{http.StatusRequestTimeout, "REQUEST_TIMEOUT", "body: not received within the server's read timeout"}
+	default:
+		return &bodyError{http.StatusBadRequest, "BAD_REQUEST", fmt.Sprintf("body: %v", err)}
+	}
+	if len(st.body) == 0 {
+		return &bodyError{http.StatusBadRequest, "BAD_REQUEST", "body: empty; want a JSON object"}
 	}
 	return nil
+}
+
+// bodyError is a request body that could not be read or decoded.
+type bodyError struct {
+	status int
+	code   string
+	msg    string
+}
+
+func (e *bodyError) Error() string { return e.msg }
+
+// isTimeout reports whether err is a read deadline passing.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// bodyFailed answers a request whose body could not be read or decoded.
+func (s *Server) bodyFailed(w http.ResponseWriter, api string, err error) {
+	var be *bodyError
+	switch {
+	case errors.Is(err, errBusy):
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, "OVERLOADED", "", err.Error())
+	case errors.As(err, &be) && be.status != http.StatusBadRequest:
+		w.Header().Set("Connection", "close")
+		writeError(w, be.status, be.code, "", be.msg)
+	default:
+		s.badRequest(w, api, "", err.Error())
+	}
+}
+
+// decodeSlow decodes st.body into v with decodeStrict, after charging the
+// body budget for the decoder's copy of the body and the strings it makes
+// (about twice the body).
+func (s *Server) decodeSlow(st *reqState, v any) error {
+	if !s.charge(st, 2*int64(len(st.body))) {
+		return errBusy
+	}
+	return decodeStrict(st.body, v)
+}
+
+// invalidUTF8Field names the first field of req that holds U+FFFD, the
+// replacement encoding/json makes for invalid UTF-8, prefixed by prefix, or
+// "" when none does.
+func invalidUTF8Field(req *pop.Request, prefix string) string {
+	if strings.ContainsRune(req.Domain, utf8.RuneError) {
+		return prefix + "domain"
+	}
+	for i, d := range req.Descriptors {
+		for j, e := range d.Entries {
+			if strings.ContainsRune(e.Key, utf8.RuneError) {
+				return fmt.Sprintf("%sdescriptors[%d].entries[%d].key", prefix, i, j)
+			}
+			if strings.ContainsRune(e.Value, utf8.RuneError) {
+				return fmt.Sprintf("%sdescriptors[%d].entries[%d].value", prefix, i, j)
+			}
+		}
+	}
+	return ""
 }
 
 // decodeStrict decodes one JSON value into v, rejecting unknown fields and

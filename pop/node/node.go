@@ -83,12 +83,27 @@ type Config struct {
 	// DebugListen, when set, serves net/http/pprof on that address. Keep it
 	// on loopback or a private interface.
 	DebugListen string
-	// ShutdownTimeout bounds a graceful shutdown.
+	// ShutdownTimeout bounds a graceful shutdown: once it has passed, the
+	// connections still open are closed.
 	ShutdownTimeout time.Duration
+	// ReadTimeout bounds the time a client may take to send a request's
+	// headers and body; 0 means DefaultReadTimeout.
+	ReadTimeout time.Duration
+	// MaxBodyMemory bounds the memory held by request bodies in flight
+	// (httpapi.Config.MaxBodyMemory); 0 means httpapi's default.
+	MaxBodyMemory int64
+	// HideMitigations leaves GET /v1/mitigations out of the API: it lists
+	// the keys (possibly API keys) under mitigation to anyone who can reach
+	// the port.
+	HideMitigations bool
 	Logger          *slog.Logger
 	// Ready, when set, receives the address the API listens on once it does.
 	Ready chan<- net.Addr
 }
+
+// DefaultReadTimeout is Config.ReadTimeout's default: how long a client may
+// take to send a request, headers and body.
+const DefaultReadTimeout = 10 * time.Second
 
 // Counts is a counter store as replication sees it (replication.Counts,
 // declared here because pop does not import replication): the embedded store
@@ -223,16 +238,25 @@ func Run(ctx context.Context, cfg Config) error {
 		})
 
 	api := httpapi.New(httpapi.Config{
-		Engine:         eng,
-		Mitigations:    mit,
-		Metrics:        metrics,
-		MetricsHandler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
-		Ready:          health.ready,
-		Logger:         log,
+		Engine:          eng,
+		Mitigations:     mit,
+		Metrics:         metrics,
+		MetricsHandler:  promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
+		Ready:           health.ready,
+		MaxBodyMemory:   cfg.MaxBodyMemory,
+		HideMitigations: cfg.HideMitigations,
+		Logger:          log,
 	})
+	readTimeout := cfg.ReadTimeout
+	if readTimeout <= 0 {
+		readTimeout = DefaultReadTimeout
+	}
 	srv := &http.Server{
-		Handler:           api,
-		ReadHeaderTimeout: 5 * time.Second,
+		Handler: api,
+		// ReadTimeout covers a request's headers and body: a client that
+		// trickles its body is cut off (408) instead of holding a handler.
+		ReadTimeout:       readTimeout,
+		ReadHeaderTimeout: min(5*time.Second, readTimeout),
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
@@ -267,7 +291,10 @@ func Run(ctx context.Context, cfg Config) error {
 	sctx, scancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer scancel()
 	if err := srv.Shutdown(sctx); err != nil {
-		return fmt.Errorf("shutdown: %w", err)
+		// Requests still running (or clients still sending) after the
+		// timeout: close their connections rather than wait on them.
+		log.Warn("shutdown timeout passed; closing the connections still open", "timeout", cfg.ShutdownTimeout.String(), "err", err)
+		_ = srv.Close()
 	}
 	return nil
 }
