@@ -363,3 +363,49 @@ func TestPoPRedisPassword(t *testing.T) {
 	startPoP(t, bin, "--listen", freeAddr(t), "--rules", rules, "--data", filepath.Join(dir, "data2"),
 		"--store", "redis://"+srv.Addr, "--redis-password-file", pwFile)
 }
+
+// The hardening flags reach a real PoP process: --mitigations-endpoint=false
+// hides /v1/mitigations (a JSON 404), --read-timeout cuts off a client that
+// stalls mid-body (408), and an empty rules directory stops the PoP at start
+// with a message naming --allow-empty-rules.
+func TestPoPHardeningFlags(t *testing.T) {
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "rules.yaml")
+	os.WriteFile(rules, []byte("domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: hour, requests_per_unit: 20}\n"), 0o644)
+	addr := freeAddr(t)
+	startPoP(t, bin, "--listen", addr, "--rules", rules, "--data", filepath.Join(dir, "data"), "--pop", "a", "--region", "eu",
+		"--mitigations-endpoint=false", "--read-timeout", "300ms")
+
+	resp, err := http.Get("http://" + addr + "/v1/mitigations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 404 || !strings.HasPrefix(string(b), `{"error"`) {
+		t.Errorf("/v1/mitigations with --mitigations-endpoint=false: %d %s, want a JSON 404", resp.StatusCode, b)
+	}
+
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{\"domain\":")
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	r, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer to a stalled body: %v", err)
+	}
+	r.Body.Close()
+	if r.StatusCode != http.StatusRequestTimeout {
+		t.Errorf("stalled body: %d, want 408", r.StatusCode)
+	}
+
+	empty := t.TempDir()
+	out, err := exec.Command(bin, "pop", "--listen", freeAddr(t), "--rules", empty, "--data", filepath.Join(dir, "d2")).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "--allow-empty-rules") {
+		t.Errorf("start on an empty rules directory: %v\n%s\nwant a failure naming --allow-empty-rules", err, out)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/edgelimit/edgelimit/pop/httpapi"
 	"github.com/edgelimit/edgelimit/pop/node"
 	"github.com/edgelimit/edgelimit/pop/store"
 )
@@ -42,7 +43,9 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 		format string
 		repl   replFlags
 
-		redisPasswordFile string
+		redisPasswordFile   string
+		bodyMemoryMiB       int
+		mitigationsEndpoint bool
 	)
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8080", "address of the HTTP API")
 	fs.Var(&rules, "rules", "rule `files or directories` (comma-separated or repeated); YAML in Envoy ratelimit's format")
@@ -59,7 +62,10 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&cfg.BreakerCooldown, "breaker-cooldown", time.Second, "how long the open breaker waits before probing Redis again")
 	fs.IntVar(&cfg.MaxKeys, "max-keys", store.DefaultMaxKeys, "most keys the embedded store holds (about 150 bytes each); idle keys go first")
 	fs.StringVar(&cfg.DebugListen, "debug-listen", "", "`address` for net/http/pprof (off when empty; keep it private)")
-	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take; then open connections are closed")
+	fs.DurationVar(&cfg.ReadTimeout, "read-timeout", node.DefaultReadTimeout, "how long a client may take to send a request, headers and body (408 past it)")
+	fs.IntVar(&bodyMemoryMiB, "max-body-memory-mib", httpapi.DefaultMaxBodyMemory>>20, "MiB that request bodies in flight may hold together (503 with Retry-After past it); at least 24,\nwhat the largest batch needs")
+	fs.BoolVar(&mitigationsEndpoint, "mitigations-endpoint", true, "serve GET /v1/mitigations, which lists the keys under mitigation (possibly API keys)\nto anyone who can reach --listen")
 	fs.StringVar(&repl.region, "region", "", "this PoP's region; with --pop, limits with scope region or global count across PoPs")
 	fs.StringVar(&repl.pop, "pop", "", "this PoP's name, its replica name: unique across regions")
 	fs.StringVar(&repl.topology, "topology", "", "every region's PoPs: `region=pop,pop;region=pop` (default: this PoP alone)")
@@ -92,7 +98,13 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--max-keys must be > 0, got %d", cfg.MaxKeys)
 	case cfg.RulesInterval <= 0:
 		return fmt.Errorf("--rules-interval must be > 0, got %v", cfg.RulesInterval)
+	case cfg.ReadTimeout <= 0:
+		return fmt.Errorf("--read-timeout must be > 0, got %v", cfg.ReadTimeout)
+	case bodyMemoryMiB < 24:
+		return fmt.Errorf("--max-body-memory-mib must be at least 24 (one largest batch), got %d", bodyMemoryMiB)
 	}
+	cfg.MaxBodyMemory = int64(bodyMemoryMiB) << 20
+	cfg.HideMitigations = !mitigationsEndpoint
 	if redisPasswordFile != "" {
 		pw, err := readSecret(redisPasswordFile)
 		if err != nil {
