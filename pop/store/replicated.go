@@ -3,6 +3,7 @@ package store
 import (
 	"slices"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/edgelimit/edgelimit/crdt"
@@ -21,10 +22,54 @@ import (
 // its own pair, and sweep drops each pair's windows older than the previous
 // one.
 type replicated struct {
-	mu       sync.Mutex
-	self     string
-	inRegion func(replica string) bool
-	units    map[int64]*unitCounts // by window length
+	mu          sync.Mutex
+	self        string
+	extrapolate bool // see MemoryConfig.Extrapolate
+	inRegion    func(replica string) bool
+	units       map[int64]*unitCounts // by window length
+	clocks      map[string]*replicaClock
+}
+
+// replicaClock is what a PoP knows of how fresh another replica's counts
+// are: when the replica stamped the newest message it applied, when that
+// message was applied here, the usual time between the replica's messages and
+// the usual delay from stamp to apply.
+type replicaClock struct {
+	sent, recv int64
+	gap, lag   float64
+}
+
+const (
+	maxClockGap = int64(time.Second)
+	maxClockLag = int64(500 * time.Millisecond)
+)
+
+// heard records that a message the replica stamped at sent was applied at now.
+func (c *replicaClock) heard(now, sent int64) {
+	if sent <= c.sent {
+		return // an older message, a duplicate, or no stamp
+	}
+	lag := float64(min(max(now-sent, 0), maxClockLag))
+	if c.sent == 0 {
+		c.lag = lag
+	} else {
+		gap := float64(min(sent-c.sent, maxClockGap))
+		if c.gap == 0 {
+			c.gap = gap
+		} else {
+			c.gap += (gap - c.gap) / 8
+		}
+		c.lag += (lag - c.lag) / 8
+	}
+	c.sent, c.recv = sent, now
+}
+
+// age is how old, at now, what the replica last told us probably is: the
+// stamp-to-apply delay plus the time since, but at most one usual gap more
+// than that delay — past it, the replica would have sent news if it had any.
+func (c *replicaClock) age(now int64) float64 {
+	a := float64(now-c.recv) + c.lag
+	return min(max(a, 0), c.gap+c.lag)
 }
 
 type unitCounts struct {
@@ -32,8 +77,9 @@ type unitCounts struct {
 	remote crdt.Counters
 }
 
-func newReplicated(self string, regionPeers []string) *replicated {
-	return &replicated{self: self, inRegion: crdt.OneOf(regionPeers...), units: make(map[int64]*unitCounts)}
+func newReplicated(self string, regionPeers []string, extrapolate bool) *replicated {
+	return &replicated{self: self, inRegion: crdt.OneOf(regionPeers...), units: make(map[int64]*unitCounts),
+		clocks: make(map[string]*replicaClock), extrapolate: extrapolate}
 }
 
 // unit returns the counters of window length w, creating them. Requires r.mu held.
@@ -61,7 +107,50 @@ func (r *replicated) state(it *limit.Item, now int64) limit.State {
 	count := func(window int64) int64 {
 		return int64(u.own.Count(key, window) + u.remote.Total(key, window, in))
 	}
-	return limit.State{Start: start, Cur: count(start), Prev: count(start - w)}
+	st := limit.State{Start: start, Cur: count(start), Prev: count(start - w)}
+	if r.extrapolate {
+		st.Unheard = r.unheard(u, key, start, w, now, in)
+	}
+	return st
+}
+
+// unheard estimates the hits of key other replicas admitted that this PoP has
+// not heard of yet: each replica's rate over the last window (its sliding
+// count) times the age of what it last told us, split between the current
+// window and the previous one as the sliding estimate weighs them. Requires
+// r.mu held.
+func (r *replicated) unheard(u *unitCounts, key string, start, w, now int64, in func(string) bool) float64 {
+	type rc struct {
+		name      string
+		cur, prev uint64
+	}
+	var buf [16]rc
+	reps := buf[:0]
+	find := func(name string) *rc {
+		for i := range reps {
+			if reps[i].name == name {
+				return &reps[i]
+			}
+		}
+		reps = append(reps, rc{name: name})
+		return &reps[len(reps)-1]
+	}
+	u.remote.Each(key, start, in, func(name string, n uint64) { find(name).cur = n })
+	u.remote.Each(key, start-w, in, func(name string, n uint64) { find(name).prev = n })
+	elapsed := float64(now - start)
+	weight := (float64(w) - elapsed) / float64(w)
+	extra := 0.0
+	for _, c := range reps {
+		clk := r.clocks[c.name]
+		if clk == nil {
+			continue
+		}
+		rate := (float64(c.prev)*weight + float64(c.cur)) / float64(w) // hits per ns
+		age := clk.age(now)
+		inCur := min(age, elapsed)
+		extra += rate*inCur + rate*(age-inCur)*weight
+	}
+	return extra
 }
 
 // add counts hits of item in the window st starts. Requires r.mu held.
@@ -80,6 +169,24 @@ func (r *replicated) sweep(now int64) {
 	}
 }
 
+// nearLimit signals Urgent when an admitted hit left at most half of its
+// limit: from there on, what this PoP admits is what the others most need to
+// hear soon.
+func (s *Memory) nearLimit(it *limit.Item, d *limit.Decision) {
+	if 2*d.Remaining <= it.Spec.Limit {
+		select {
+		case s.urgent <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Urgent returns a channel that receives (without blocking a check, so
+// several near-limit hits may make one receive) after a check admitted a hit
+// of a replicated limit and left little of it: the delta is worth publishing
+// before the next flush.
+func (s *Memory) Urgent() <-chan struct{} { return s.urgent }
+
 // replicates reports whether s counts it across PoPs.
 func (s *Memory) replicates(it *limit.Item) bool {
 	return s.rep != nil && it.Scope != limit.ScopePOP && it.Spec.Algorithm.Replicable()
@@ -95,6 +202,7 @@ func (s *Memory) checkMany(now, hits int64, items []limit.Item, out []limit.Deci
 		states := [1]*limit.State{&st}
 		if limit.Decide(now, hits, items, states[:], out) && out[0].Allowed {
 			s.rep.add(&items[0], &st, hits)
+			s.nearLimit(&items[0], &out[0])
 		}
 		s.rep.mu.Unlock()
 		return
@@ -150,6 +258,7 @@ func (s *Memory) checkMany(now, hits int64, items []limit.Item, out []limit.Deci
 		if h == 0 {
 			if admitted && out[i].Allowed {
 				s.rep.add(&items[i], states[i], hits)
+				s.nearLimit(&items[i], &out[i])
 			}
 			continue
 		}
@@ -210,6 +319,28 @@ func (s *Memory) Restore(own []crdt.Slot) {
 // keys whose window cannot be told (not built by rules.AppendKey), are ignored.
 func (s *Memory) Apply(remote []crdt.Slot) {
 	s.route(remote, func(u *unitCounts, sl []crdt.Slot) { u.remote.Join(sl...) }, false)
+}
+
+// ApplyAt is Apply of slots a replica stamped at sent, applied at now.
+func (s *Memory) ApplyAt(now, sent int64, remote []crdt.Slot) {
+	if s.rep == nil {
+		return
+	}
+	s.rep.mu.Lock()
+	last := ""
+	for i := range remote {
+		if name := remote[i].Replica; name != last && name != s.rep.self {
+			last = name
+			c := s.rep.clocks[name]
+			if c == nil {
+				c = &replicaClock{}
+				s.rep.clocks[name] = c
+			}
+			c.heard(now, sent)
+		}
+	}
+	s.rep.mu.Unlock()
+	s.Apply(remote)
 }
 
 func (s *Memory) route(slots []crdt.Slot, f func(*unitCounts, []crdt.Slot), own bool) {
