@@ -29,12 +29,17 @@ type Strategy uint8
 const (
 	// Edgelimit is edgelimit as built: a global-scope limit in every PoP's
 	// embedded store, CRDT deltas flushed every FlushInterval through the
-	// simulated network and joined by the other PoPs, and mitigation bits:
-	// a PoP that finds the key over the limit issues a bit, published at once
-	// (at most once per BitsInterval), and every PoP that holds it denies
-	// without counting until the bit ends.
+	// simulated network and joined by the other PoPs; each check also counts
+	// the hits other PoPs probably admitted since their last message
+	// (MemoryConfig.Extrapolate); a PoP whose admitted hit leaves half of
+	// the limit or less publishes its delta at once (store.Memory.Urgent, at
+	// most once per BitsInterval); and mitigation bits: a PoP that finds the
+	// key over the limit issues a bit, published at once, and every PoP that
+	// holds it denies without counting until the bit ends.
 	Edgelimit Strategy = iota
-	// AsyncSync is Edgelimit without mitigation bits: CRDT deltas only.
+	// AsyncSync is the plain asynchronous baseline, edgelimit before the
+	// mechanisms above: CRDT deltas every FlushInterval only, decisions on
+	// the counts heard.
 	AsyncSync
 	// LocalOnly lets each PoP enforce the whole limit on its own traffic.
 	LocalOnly
@@ -266,6 +271,7 @@ func (t *topology) healAt(a, b int, now int64) int64 {
 // mitigation bits it carries and when each was issued (true time).
 type message struct {
 	from     int
+	sent     int64 // the sender's clock when it published
 	slots    []crdt.Slot
 	bits     []crdt.Bit
 	issuedAt []int64
@@ -442,7 +448,7 @@ func runStrategy(sc *Scenario, top *topology, arrivals *reader, keys []string, t
 		switch st {
 		case Edgelimit, AsyncSync:
 			r.engines[i], r.stores[i], err = newEngine(spec.Limit, rules.ScopeGlobal,
-				store.MemoryConfig{Replica: top.pops[i], RegionPeers: top.peers[i]})
+				store.MemoryConfig{Replica: top.pops[i], RegionPeers: top.peers[i], Extrapolate: st == Edgelimit})
 			if st == Edgelimit && err == nil {
 				if r.mits == nil {
 					r.mits = make([]*pop.Mitigations, n)
@@ -479,6 +485,12 @@ func runStrategy(sc *Scenario, top *topology, arrivals *reader, keys []string, t
 	}
 
 	if r.replicated {
+		if r.bitsArmed == nil {
+			r.bitsArmed, r.lastBits = make([]bool, n), make([]int64, n)
+			for j := range r.lastBits {
+				r.lastBits[j] = math.MinInt64 / 2
+			}
+		}
 		r.lastSweep, r.lastBitSweep = make([]int64, n), make([]int64, n)
 		r.heard, r.share = make([][]int64, n), make([]float64, n)
 		for i := range n {
@@ -552,7 +564,7 @@ func (r *run) fire(e event) {
 		r.flush(e.idx)
 	case evBits:
 		r.bitsArmed[e.idx], r.lastBits[e.idx] = false, r.q.now
-		r.publishBits(e.idx, nil)
+		r.publishBits(e.idx, r.stores[e.idx].Delta())
 	case evSnapshot:
 		r.publish(e.idx, r.stores[e.idx].Own(), nil, nil)
 		r.q.schedule(event{at: r.q.now + int64(r.sc.SnapshotInterval), kind: evSnapshot, idx: e.idx})
@@ -610,7 +622,7 @@ func (r *run) publishBits(p int, slots []crdt.Slot) {
 
 // deliver hands msg to PoP p's store and bit table.
 func (r *run) deliver(p int, msg *message) {
-	r.stores[p].Apply(msg.slots)
+	r.stores[p].ApplyAt(Epoch.UnixNano()+r.q.now+r.skew[p], msg.sent, msg.slots)
 	if len(msg.bits) == 0 {
 		return
 	}
@@ -714,6 +726,16 @@ func (r *run) arrive(ctx context.Context, k, p int) error {
 	if r.mits != nil {
 		issued = r.mits[p].Stats().Issued - issued // the bits this check issued
 	}
+	if r.strategy == Edgelimit {
+		select {
+		case <-r.stores[p].Urgent():
+			if !r.bitsArmed[p] {
+				r.bitsArmed[p] = true
+				r.q.schedule(event{at: max(now, r.lastBits[p]+int64(r.sc.BitsInterval)), kind: evBits, idx: p})
+			}
+		default:
+		}
+	}
 	if issued > 0 {
 		for range issued {
 			r.issuedAt[p] = append(r.issuedAt[p], now)
@@ -747,7 +769,7 @@ func (r *run) publish(p int, slots []crdt.Slot, bits []crdt.Bit, issued []int64)
 	}
 	r.seq++
 	size := int64(wireSize(r.top.pops[p], r.top.regions[r.top.region[p]], r.seq, Epoch.UnixNano()+r.q.now, slots))
-	msg := &message{from: p, slots: slots, bits: bits, issuedAt: issued}
+	msg := &message{from: p, sent: Epoch.UnixNano() + r.q.now + r.skew[p], slots: slots, bits: bits, issuedAt: issued}
 	if len(bits) > 0 {
 		size += int64(bitsSize(r.top.pops[p], bits))
 		msg.got = make([]bool, len(r.top.pops))
