@@ -292,7 +292,7 @@ func (s Spec) peekSliding(st *State, now, hits int64) Decision {
 		d.RetryAfter = max(s.IdleAt(st)-now, 1)
 		return d
 	}
-	room := float64(s.Limit-hits) - st.Unheard // est must fall to room
+	room := float64(s.Limit - hits) // est must fall to room; Unheard left out, see below
 	if float64(st.Cur) <= room && st.Prev > 0 {
 		// The previous window's share decays enough within this window:
 		// prev × (w − e)/w + cur ≤ room  ⇔  e ≥ w − (room − cur)·w/prev.

@@ -96,13 +96,11 @@ func TestExtrapolationDenies(t *testing.T) {
 	}
 }
 
-// TestUrgent checks that an admitted hit of a replicated limit signals Urgent
-// once half the limit is gone, and not before.
+// TestUrgent checks that an admitted hit of a replicated limit signals
+// Urgent, and that a denied one, or one of a pop-scope limit, does not.
 func TestUrgent(t *testing.T) {
-	s := NewMemory(MemoryConfig{Replica: "a"})
-	it := replItem("u", 10, limit.ScopeGlobal)
 	now := limittest.T0.UnixNano()
-	urgent := func() bool {
+	urgent := func(s *Memory) bool {
 		select {
 		case <-s.Urgent():
 			return true
@@ -110,17 +108,72 @@ func TestUrgent(t *testing.T) {
 			return false
 		}
 	}
-	for i := 1; i <= 6; i++ {
-		admit(t, s, now, it, 1)
-		if got, want := urgent(), i >= 5; got != want {
-			t.Fatalf("after %d of 10 hits: urgent = %v, want %v", i, got, want)
-		}
+	s := NewMemory(MemoryConfig{Replica: "a"})
+	it := replItem("u", 1, limit.ScopeGlobal)
+	if admit(t, s, now, it, 1) != 1 || !urgent(s) {
+		t.Fatal("an admitted global hit did not signal Urgent")
+	}
+	if admit(t, s, now, it, 1) != 0 || urgent(s) {
+		t.Fatal("a denied hit signalled Urgent")
 	}
 	pop := NewMemory(MemoryConfig{Replica: "a"})
 	admit(t, pop, now, replItem("p", 10, limit.ScopePOP), 10)
-	select {
-	case <-pop.Urgent():
+	if urgent(pop) {
 		t.Fatal("a pop-scope limit signalled Urgent: it replicates nothing")
-	default:
+	}
+}
+
+// TestExtrapolationMirror checks the estimate of a PoP that admits the key
+// itself: the other replica, seeing the same room, admitted what this PoP
+// admitted in the time it has not heard from it, in proportion to their
+// parts of the traffic.
+func TestExtrapolationMirror(t *testing.T) {
+	ms := int64(time.Millisecond)
+	w := int64(time.Second)
+	l := &rules.Limit{Domain: "d", Unit: rules.Second, Scope: limit.ScopeGlobal,
+		Spec: limit.Spec{Algorithm: limit.SlidingWindow, Limit: 120, Window: w}}
+	it := limit.Item{Key: l.AppendKey(nil, []rules.Entry{{Key: "k", Value: "m"}}), Spec: l.Spec, Scope: l.Scope}
+	t0 := limittest.T0.Add(10*time.Second + 900*time.Millisecond).UnixNano()
+	start := limit.WindowStart(t0, w)
+	s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+	// b: 45 hits, as of 100 ms ago (messages every 100 ms, 50 ms on the way).
+	s.ApplyAt(t0-150*ms, t0-200*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 40}})
+	s.ApplyAt(t0-50*ms, t0-100*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 45}})
+	// a: 45 hits long before, then 10 within the last 100 ms.
+	if n := admit(t, s, t0-500*ms, it, 45); n != 45 {
+		t.Fatalf("admitted %d of the first 45", n)
+	}
+	if n := admit(t, s, t0-10*ms, it, 10); n != 10 {
+		t.Fatalf("admitted %d of the next 10", n)
+	}
+	s.rep.mu.Lock()
+	st := s.rep.state(&it, t0)
+	s.rep.mu.Unlock()
+	// b's part equals a's (45 against 45 before the last 100 ms), so b
+	// admitted as a did since: 10. Its rate over the window would say 4.5.
+	if d := st.Unheard - 10; d > 1e-9 || d < -1e-9 {
+		t.Fatalf("Unheard = %v, want 10", st.Unheard)
+	}
+}
+
+// TestAheadClock checks that hits a replica with a fast clock counted in the
+// next window already weigh in the current one.
+func TestAheadClock(t *testing.T) {
+	it := replItem("f", 100, limit.ScopeGlobal)
+	now := limittest.T0.Add(30 * time.Second).UnixNano()
+	start := limit.WindowStart(now, it.Spec.Window)
+	for _, on := range []bool{false, true} {
+		s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: on})
+		s.ApplyAt(now, 0, []crdt.Slot{{Key: string(it.Key), Window: start + it.Spec.Window, Replica: "b", Count: 30}})
+		s.rep.mu.Lock()
+		st := s.rep.state(&it, now)
+		s.rep.mu.Unlock()
+		want := int64(0)
+		if on {
+			want = 30
+		}
+		if st.Cur != want {
+			t.Errorf("extrapolate=%v: Cur = %d, want %d", on, st.Cur, want)
+		}
 	}
 }
