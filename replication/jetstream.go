@@ -615,6 +615,12 @@ func (r *Replicator) maxBytes() int {
 // encoded. Requires the publishing loop's goroutine.
 func (r *Replicator) flush(ctx context.Context) {
 	slots := r.mergeRetry(r.cfg.Counts.Delta())
+	if s, ok := r.cfg.Counts.(interface{ Save([]crdt.Slot) error }); ok {
+		if err := s.Save(slots); err != nil {
+			r.keep(slots)
+			return
+		}
+	}
 	if len(slots) == 0 {
 		return
 	}
@@ -1095,7 +1101,7 @@ func (r *Replicator) onDirectDelta(m *nats.Msg) {
 	if err != nil {
 		return
 	}
-	r.cfg.Counts.Apply(slots)
+	r.cfg.Counts.Apply(sent, slots)
 	r.directBatches.Add(1)
 	r.directSlots.Add(uint64(len(slots)))
 	r.lag.Record(time.Since(time.Unix(0, sent)))
@@ -1139,7 +1145,7 @@ func (r *Replicator) applySnapshot(data []byte, region, pop string) error {
 		return err
 	}
 	if len(slots) > 0 {
-		r.cfg.Counts.Apply(slots)
+		r.cfg.Counts.Apply(0, slots)
 	}
 	r.applyBits(region, bits, false)
 	r.appliedSnaps.Add(1)
@@ -1191,7 +1197,7 @@ func (r *Replicator) receive(subject string, data []byte) {
 			r.drop(err, subject)
 			return
 		}
-		r.cfg.Counts.Apply(slots)
+		r.cfg.Counts.Apply(sent, slots)
 		r.applied.Add(1)
 		r.appliedSlots.Add(uint64(len(slots)))
 		r.lag.Record(time.Since(time.Unix(0, sent)))

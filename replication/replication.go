@@ -32,8 +32,10 @@ type Counts interface {
 	// Restore raises own counts to slots after a restart; it never lowers one.
 	Restore(own []crdt.Slot)
 	// Apply joins other replicas' slots into the store's view of remote
-	// counts. Slots of this PoP's own replica are ignored.
-	Apply(remote []crdt.Slot)
+	// counts. Slots of this PoP's own replica are ignored. sent is the unix
+	// ns time stamped on the delta batch or snapshot the slots came in (the
+	// sender's clock), 0 when unknown.
+	Apply(sent int64, remote []crdt.Slot)
 	// Remote returns every remote slot, for snapshots and persistence.
 	Remote() []crdt.Slot
 }

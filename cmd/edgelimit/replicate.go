@@ -152,7 +152,7 @@ func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog
 		return func() error {
 			defer closeAll()
 			err := r.Run(ctx)
-			counts.Delta() // one last save of what was counted
+			_ = counts.Save(counts.Delta()) // one last save of what was counted
 			return err
 		}, nil
 	}

@@ -208,7 +208,7 @@ func (s *Memory) Restore(own []crdt.Slot) {
 
 // Apply joins other replicas' slots into the remote counts. Own slots, and
 // keys whose window cannot be told (not built by rules.AppendKey), are ignored.
-func (s *Memory) Apply(remote []crdt.Slot) {
+func (s *Memory) Apply(sent int64, remote []crdt.Slot) {
 	s.route(remote, func(u *unitCounts, sl []crdt.Slot) { u.remote.Join(sl...) }, false)
 }
 
