@@ -334,6 +334,14 @@ func (c *Core) NextDeadline() int64 {
 	return d
 }
 
+// Flush publishes the delta and pending bits at now, whatever is due; a
+// driver calls it once more when it stops.
+func (c *Core) Flush(now int64) {
+	c.flushBits(now)
+	c.flushDelta(now)
+	c.rd.SaveDue = true
+}
+
 // BitsIssued tells the core that the bit table issued a bit at now: the
 // bits go at once, or, within BitsInterval of the last such publication,
 // once the interval has passed.
