@@ -82,6 +82,11 @@ func (r *Replicator) do(ctx context.Context) {
 	}
 	r.core.Advance(rd)
 	r.mu.Unlock()
+	for _, p := range parts {
+		if p.retry.Kind == core.Delta {
+			r.unacked += p.nslots
+		}
+	}
 	r.noteCore()
 	if len(parts) > 0 {
 		r.pending++
@@ -94,7 +99,7 @@ func (r *Replicator) noteCore() {
 	r.mu.Lock()
 	st := r.core.Stats()
 	r.mu.Unlock()
-	r.retrySlots.Store(int64(st.RetrySlots))
+	r.retrySlots.Store(int64(st.RetrySlots + r.unacked))
 	r.retryBitsN.Store(int64(st.RetryBits))
 	if old := r.retryOverflows.Swap(st.RetryOverflows); old != st.RetryOverflows {
 		r.log.Warn("replication: too many slots waiting for NATS; will publish a snapshot instead")
@@ -290,6 +295,9 @@ func (r *Replicator) acked(g ackGroup) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, p := range g.parts {
+		if p.retry.Kind == core.Delta {
+			r.unacked -= p.nslots
+		}
 		if err := g.errs[i]; err != nil {
 			r.publishFailures.Add(1)
 			kind := p.retry.Kind

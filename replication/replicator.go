@@ -102,6 +102,7 @@ type Replicator struct {
 	// Owned by the loop.
 	seq     uint64 // the next Nats-Msg-Id number; see "Seq"
 	pending int    // ack groups not yet reported on acks
+	unacked int    // delta slots published and not yet acknowledged or failed
 
 	in   chan inbound  // decoded messages from the NATS callbacks, to the loop
 	acks chan ackGroup // publish results, to the loop

@@ -111,7 +111,10 @@ type Stats struct {
 	// PublishFailures counts messages whose publish failed or was not
 	// acknowledged in time; a failed delta's slots are retried next flush.
 	PublishFailures uint64
-	// RetrySlots is how many slots wait to be published again.
+	// RetrySlots is how many own slots JetStream has not acknowledged yet:
+	// those waiting to be published again after a failure, and those
+	// published and awaiting their acknowledgement (which, while NATS is
+	// unreachable, fail and wait again).
 	RetrySlots int
 	// RetryOverflows counts the times the retry set grew past its cap and was
 	// replaced by a full snapshot of the PoP's own counts.

@@ -552,8 +552,8 @@ func (r *run) fire(e event) {
 }
 
 // startCores starts one replication core per PoP, each as if its PoP had
-// booted at a random instant within the last snapshot interval, so that the
-// PoPs' flushes, beacons and snapshots do not fall in step.
+// booted at a random recent instant, so that the PoPs' flushes, beacons and
+// snapshots do not fall in step.
 func (r *run) startCores() error {
 	n := len(r.top.pops)
 	t := region.Topology{Regions: map[string][]string{}}
@@ -575,7 +575,10 @@ func (r *run) startCores() error {
 		if u, ok := any(r.stores[i]).(core.UrgentNotifier); ok {
 			r.urgent[i] = u.Urgent()
 		}
-		boot := r.clock(i) - r.q.rand.Int64N(int64(r.sc.SnapshotInterval))
+		// Booted long enough ago for its phases to differ from the other
+		// PoPs', not so long that it took the other regions for cut off
+		// before their first beacons can arrive.
+		boot := r.clock(i) - r.q.rand.Int64N(int64(min(r.sc.SnapshotInterval, r.sc.UnreachableAfter/2)))
 		c, err := core.New(cfg, boot)
 		if err != nil {
 			return fmt.Errorf("simulate: %w", err)
