@@ -89,7 +89,7 @@ type Counts interface {
 	Delta() []crdt.Slot
 	Own() []crdt.Slot
 	Restore(own []crdt.Slot)
-	Apply(remote []crdt.Slot)
+	Apply(sent int64, remote []crdt.Slot)
 	Remote() []crdt.Slot
 }
 

@@ -406,13 +406,16 @@ func (s *Memory) Restore(own []crdt.Slot) {
 	s.route(own, func(u *unitCounts, sl []crdt.Slot) { u.own.Restore(sl...) }, true)
 }
 
-// Apply joins other replicas' slots into the remote counts. Own slots, and
-// keys whose window cannot be told (not built by rules.AppendKey), are ignored.
-func (s *Memory) Apply(remote []crdt.Slot) {
-	s.route(remote, func(u *unitCounts, sl []crdt.Slot) { u.remote.Join(sl...) }, false)
+// Apply joins other replicas' slots, stamped by their sender at sent (unix
+// ns, 0 when unknown), into the remote counts, as applied now. Own slots, and
+// keys whose window cannot be told (not built by rules.AppendKey), are
+// ignored.
+func (s *Memory) Apply(sent int64, remote []crdt.Slot) {
+	s.ApplyAt(time.Now().UnixNano(), sent, remote)
 }
 
-// ApplyAt is Apply of slots a replica stamped at sent, applied at now.
+// ApplyAt is Apply at now (unix ns): the stamp and the time of applying tell
+// how old each sender's news is (see MemoryConfig.Extrapolate).
 func (s *Memory) ApplyAt(now, sent int64, remote []crdt.Slot) {
 	if s.rep == nil {
 		return
@@ -431,7 +434,7 @@ func (s *Memory) ApplyAt(now, sent int64, remote []crdt.Slot) {
 		}
 	}
 	s.rep.mu.Unlock()
-	s.Apply(remote)
+	s.route(remote, func(u *unitCounts, sl []crdt.Slot) { u.remote.Join(sl...) }, false)
 }
 
 func (s *Memory) route(slots []crdt.Slot, f func(*unitCounts, []crdt.Slot), own bool) {
