@@ -293,6 +293,24 @@ func (c *Counters) Total(key string, window int64, in func(replica string) bool)
 	return sum
 }
 
+// Each calls f with every replica's count for (key, window) that in accepts
+// (nil accepts every replica). It allocates nothing.
+func (c *Counters) Each(key string, window int64, in func(replica string) bool, f func(replica string, n uint64)) {
+	e, wt := c.lookup(key, window)
+	if e == nil {
+		return
+	}
+	if name := c.names[e.rep]; in == nil || in(name) {
+		f(name, e.n)
+	}
+	for j := e.more; j != 0; j = wt.nodes[j-1].next {
+		m := &wt.nodes[j-1]
+		if name := c.names[m.rep]; in == nil || in(name) {
+			f(name, m.n)
+		}
+	}
+}
+
 // Replica returns the count of one replica for (key, window), zero if c has
 // none.
 func (c *Counters) Replica(key string, window int64, replica string) uint64 {

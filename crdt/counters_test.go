@@ -312,3 +312,19 @@ func TestJoinLargeBatch(t *testing.T) {
 		}
 	}
 }
+
+func TestEach(t *testing.T) {
+	var c crdt.Counters
+	c.Join(crdt.Slot{"k", 60, "a", 3}, crdt.Slot{"k", 60, "b", 5}, crdt.Slot{"k", 60, "c", 7}, crdt.Slot{"k", 0, "a", 9}, crdt.Slot{"j", 60, "a", 1})
+	got := map[string]uint64{}
+	c.Each("k", 60, nil, func(r string, n uint64) { got[r] += n })
+	if len(got) != 3 || got["a"] != 3 || got["b"] != 5 || got["c"] != 7 {
+		t.Fatalf("Each(k, 60) = %v", got)
+	}
+	clear(got)
+	c.Each("k", 60, crdt.OneOf("b", "c"), func(r string, n uint64) { got[r] += n })
+	if len(got) != 2 || got["b"] != 5 || got["c"] != 7 {
+		t.Fatalf("Each(k, 60, b|c) = %v", got)
+	}
+	c.Each("missing", 60, nil, func(string, uint64) { t.Fatal("called for a missing key") })
+}

@@ -226,7 +226,7 @@ func (sc *scenario) deliver(p *scenarioPoP, slots []crdt.Slot, bits []crdt.Bit) 
 		if q == p || (sc.cut && q.region != p.region) {
 			continue
 		}
-		q.mem.Apply(slots)
+		q.mem.Apply(0, slots)
 		for _, b := range bits {
 			if limit.Scope(b.Scope) == limit.ScopeGlobal || q.region == p.region {
 				q.mit.ApplyBits([]crdt.Bit{b})

@@ -72,7 +72,7 @@ func (c *memCounts) Restore(own []crdt.Slot) {
 	c.own.Restore(own...)
 }
 
-func (c *memCounts) Apply(remote []crdt.Slot) {
+func (c *memCounts) Apply(_ int64, remote []crdt.Slot) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	me := c.own.Replica()

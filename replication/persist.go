@@ -11,13 +11,13 @@ import (
 	"github.com/edgelimit/edgelimit/crdt"
 )
 
-// Persisted wraps a PoP's Counts so that every delta is durable in db before
-// anyone can publish it: Delta saves the own slots it returns, together with
-// the remote slots applied since the last save and the stream position, in
-// one synced Pebble batch, and returns them only once that batch is on disk.
-// When the save fails it returns nothing and keeps the slots for the next
-// call, so a value is never published that a restart could forget — which is
-// what keeps a replica's published values from ever going backwards.
+// Persisted wraps a PoP's Counts with its durable state in db. Save writes
+// the own slots a flush is about to publish, together with the remote slots
+// applied since the last save and the stream position, in one synced Pebble
+// batch; the driver publishes those slots only once Save returned nil
+// (core.Ready.Save), so a value is never published that a restart could
+// forget — which is what keeps a replica's published values from ever going
+// backwards. Delta is the wrapped store's, with no side effect.
 //
 // Restore a PoP with RestoreFrom before it serves its first check.
 // A Persisted is safe for concurrent use.
@@ -26,10 +26,9 @@ type Persisted struct {
 	db  *DB
 	log *slog.Logger
 
-	mu      sync.Mutex
-	pending []crdt.Slot // own slots whose save failed: saved and published next time
-	remote  []crdt.Slot // remote slots applied since the last save
-	seq     uint64      // stream position of the last applied batch
+	mu     sync.Mutex
+	remote []crdt.Slot // remote slots applied since the last save
+	seq    uint64      // stream position of the last applied batch
 }
 
 // NewPersisted wraps counts with db. logger may be nil.
@@ -38,6 +37,16 @@ func NewPersisted(counts Counts, db *DB, logger *slog.Logger) *Persisted {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	return &Persisted{Counts: counts, db: db, log: logger}
+}
+
+// Urgent passes on the wrapped counts' signal (UrgentNotifier) that an
+// admission is worth publishing before the next flush; nil, a channel that
+// never receives, when they give none.
+func (p *Persisted) Urgent() <-chan struct{} {
+	if n, ok := p.Counts.(UrgentNotifier); ok {
+		return n.Urgent()
+	}
+	return nil
 }
 
 // RestoreFrom loads the durable state into the counts: own counts are
@@ -49,38 +58,33 @@ func (p *Persisted) RestoreFrom() (uint64, error) {
 		return 0, err
 	}
 	p.Counts.Restore(own)
-	p.Counts.Apply(remote)
+	p.Counts.Apply(0, remote)
 	p.mu.Lock()
 	p.seq = seq
 	p.mu.Unlock()
 	return seq, nil
 }
 
-// Delta returns the own slots changed since the last call once they are
-// saved, with everything applied since the last save; see Persisted.
-func (p *Persisted) Delta() []crdt.Slot {
-	own := p.Counts.Delta()
+// Save makes own durable, with everything applied since the last save and
+// the stream position, in one synced batch (DB.SaveFlush). On error nothing
+// of own may be published; the applied slots stay for the next Save.
+func (p *Persisted) Save(own []crdt.Slot) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.pending) > 0 {
-		own = append(p.pending, own...) // absolute values: the later of two wins on join
-		p.pending = nil
-	}
 	if len(own) == 0 && len(p.remote) == 0 {
 		return nil
 	}
 	if err := p.db.SaveFlush(own, p.remote, p.seq); err != nil {
 		p.log.Error("replication: saving the flush failed; nothing is published until it succeeds", "err", err, "slots", len(own))
-		p.pending = own
-		return nil
+		return fmt.Errorf("replication: save %d own slots: %w", len(own), err)
 	}
 	p.remote = p.remote[:0]
-	return own
+	return nil
 }
 
 // Apply joins remote slots into the counts and remembers them for the next save.
-func (p *Persisted) Apply(remote []crdt.Slot) {
-	p.Counts.Apply(remote)
+func (p *Persisted) Apply(sent int64, remote []crdt.Slot) {
+	p.Counts.Apply(sent, remote)
 	p.mu.Lock()
 	p.remote = append(p.remote, remote...)
 	p.mu.Unlock()

@@ -4,8 +4,10 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/edgelimit/edgelimit/crdt"
+	"github.com/edgelimit/edgelimit/replication/core"
 )
 
 // memCounts is a minimal Counts for tests: a crdt.Local and a crdt.Counters.
@@ -29,7 +31,11 @@ func (m *memCounts) Restore(s []crdt.Slot) {
 	defer m.mu.Unlock()
 	m.own.Restore(s...)
 }
-func (m *memCounts) Apply(s []crdt.Slot) { m.mu.Lock(); defer m.mu.Unlock(); m.remote.Join(s...) }
+func (m *memCounts) Apply(_ int64, s []crdt.Slot) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.remote.Join(s...)
+}
 func (m *memCounts) Remote() []crdt.Slot { m.mu.Lock(); defer m.mu.Unlock(); return m.remote.Slots() }
 
 func TestPersistedSavesBeforeItPublishes(t *testing.T) {
@@ -40,12 +46,32 @@ func TestPersistedSavesBeforeItPublishes(t *testing.T) {
 	}
 	c := newMemCounts("a")
 	p := NewPersisted(c, db, nil)
+	// The core drives the saves: Ready.Save before Ready.Messages.
+	const t0 = int64(1_000_000_000)
+	flush := int64(core.DefaultFlushInterval)
+	rc, err := core.New(core.Config{Region: "eu", POP: "a", Counts: p, SnapshotInterval: time.Hour}, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tick := func(now int64) core.Ready {
+		rc.Tick(now)
+		rd := rc.Ready()
+		rc.Advance(rd)
+		return rd
+	}
 	c.add("k", 0, 3)
-	p.Apply([]crdt.Slot{{Key: "k", Window: 0, Replica: "b", Count: 5}})
+	p.Apply(0, []crdt.Slot{{Key: "k", Window: 0, Replica: "b", Count: 5}})
 	p.Applied(42)
-	published := p.Delta()
-	if len(published) != 1 || published[0].Count != 3 {
-		t.Fatalf("published %v", published)
+	rd := tick(t0 + flush)
+	if own, _, _, _ := db.Load(); len(own) != 0 {
+		t.Fatalf("Delta saved %v as a side effect", own)
+	}
+	if err := p.Save(rd.Save); err != nil {
+		t.Fatal(err)
+	}
+	published := rd.Messages[len(rd.Messages)-1].Slots
+	if len(published) != 1 || published[0].Count != 3 || !slices.Equal(rd.Save, published) {
+		t.Fatalf("published %v, saved %v", published, rd.Save)
 	}
 	// What was published is on disk, with the remote slot and the position.
 	own, remote, seq, err := db.Load()
@@ -59,8 +85,12 @@ func TestPersistedSavesBeforeItPublishes(t *testing.T) {
 	// A failed save publishes nothing and keeps the slots for later.
 	c.add("k", 0, 1)
 	db.Close()
-	if got := p.Delta(); got != nil {
-		t.Fatalf("published %v although the save failed", got)
+	rd = tick(t0 + 2*flush)
+	if err := p.Save(rd.Save); err == nil {
+		t.Fatal("save into a closed DB succeeded")
+	}
+	for _, m := range rd.Messages {
+		rc.Failed(m) // not published
 	}
 	db2, err := OpenDB(dir, "a", nil)
 	if err != nil {
@@ -68,7 +98,11 @@ func TestPersistedSavesBeforeItPublishes(t *testing.T) {
 	}
 	defer db2.Close()
 	p.db = db2
-	if got := p.Delta(); len(got) != 1 || got[0].Count != 4 {
+	rd = tick(t0 + 3*flush)
+	if err := p.Save(rd.Save); err != nil {
+		t.Fatal(err)
+	}
+	if got := rd.Save; len(got) != 1 || got[0].Count != 4 {
 		t.Fatalf("after the store recovered, published %v, want the kept slot at 4", got)
 	}
 

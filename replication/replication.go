@@ -8,6 +8,11 @@
 // full-state exchange (anti-entropy) repairs whatever a lost message left
 // behind.
 //
+// The protocol itself — when to flush, snapshot and beacon, what to retry,
+// which bits to take, which regions are cut off — is replication/core, a
+// pure state machine; the Replicator is its NATS JetStream driver, and the
+// simulator its other one.
+//
 // replication imports crdt and proto, never pop: a PoP's counter store
 // implements Counts, and cmd wires the two together (the simulator wires Counts
 // to a simulated transport instead).
@@ -23,17 +28,20 @@ import (
 // while the PoP checks requests.
 type Counts interface {
 	// Delta returns this PoP's own slots that changed since the last call,
-	// with their absolute counts (crdt.Local.Delta). The caller must persist
-	// what Delta returned before publishing it, so that a restart never
-	// publishes a lower value.
+	// with their absolute counts (crdt.Local.Delta), and persists nothing.
+	// The caller must persist what Delta returned before publishing it
+	// (core.Ready.Save, Saver), so that a restart never publishes a lower
+	// value.
 	Delta() []crdt.Slot
 	// Own returns every own slot, for snapshots.
 	Own() []crdt.Slot
 	// Restore raises own counts to slots after a restart; it never lowers one.
 	Restore(own []crdt.Slot)
 	// Apply joins other replicas' slots into the store's view of remote
-	// counts. Slots of this PoP's own replica are ignored.
-	Apply(remote []crdt.Slot)
+	// counts. Slots of this PoP's own replica are ignored. sent is the unix
+	// ns time stamped on the delta batch or snapshot the slots came in (the
+	// sender's clock), 0 when unknown.
+	Apply(sent int64, remote []crdt.Slot)
 	// Remote returns every remote slot, for snapshots and persistence.
 	Remote() []crdt.Slot
 }

@@ -7,6 +7,8 @@ import (
 	"math/bits"
 	"sync/atomic"
 	"time"
+
+	"github.com/edgelimit/edgelimit/region"
 )
 
 // DropReason says why a received message was dropped instead of applied.
@@ -52,51 +54,20 @@ func (d DropReason) String() string {
 	return fmt.Sprintf("DropReason(%d)", int(d))
 }
 
-// BitDropReason says why a received mitigation bit was not applied. It
-// counts single bits of messages that were themselves valid; a message that
-// does not decode or validate is counted once under its DropReason.
-type BitDropReason int
+// BitDropReason says why a received mitigation bit was not applied: the
+// rule is region's (region.AcceptBit). It counts single bits of messages
+// that were themselves valid; a message that does not decode or validate is
+// counted once under its DropReason.
+type BitDropReason = region.BitDrop
 
+// The bit drop reasons (see region.BitDrop).
 const (
-	// BitDropScope: the bit's scope is neither region (1) nor global (2);
-	// the PoP scope (0) is never replicated and others are unknown.
-	BitDropScope BitDropReason = iota
-	// BitDropRegion: a region-scope bit from a PoP of another region; it
-	// limits that region only.
-	BitDropRegion
-	// BitDropExpired: the bit's Until had already passed on arrival (by this
-	// PoP's clock).
-	BitDropExpired
-	// BitDropOwn: the bit's origin is this PoP (relayed back by another);
-	// this PoP's own table already holds it.
-	BitDropOwn
-
-	// NumBitDropReasons is the number of bit drop reasons, for arrays
-	// indexed by BitDropReason.
-	NumBitDropReasons = iota
+	BitDropScope      = region.BitDropScope
+	BitDropRegion     = region.BitDropRegion
+	BitDropExpired    = region.BitDropExpired
+	BitDropOwn        = region.BitDropOwn
+	NumBitDropReasons = region.NumBitDrops
 )
-
-// Scope values of crdt.Bit.Scope that replication carries (as
-// limit.ScopeRegion and limit.ScopeGlobal).
-const (
-	scopeRegion = 1
-	scopeGlobal = 2
-)
-
-// String returns the reason's metric label.
-func (d BitDropReason) String() string {
-	switch d {
-	case BitDropScope:
-		return "scope"
-	case BitDropRegion:
-		return "other_region"
-	case BitDropExpired:
-		return "expired"
-	case BitDropOwn:
-		return "own"
-	}
-	return fmt.Sprintf("BitDropReason(%d)", int(d))
-}
 
 // Stats is a point-in-time copy of a Replicator's counters. Counters only
 // grow while the Replicator lives.
@@ -111,7 +82,10 @@ type Stats struct {
 	// PublishFailures counts messages whose publish failed or was not
 	// acknowledged in time; a failed delta's slots are retried next flush.
 	PublishFailures uint64
-	// RetrySlots is how many slots wait to be published again.
+	// RetrySlots is how many own slots JetStream has not acknowledged yet:
+	// those waiting to be published again after a failure, and those
+	// published and awaiting their acknowledgement (which, while NATS is
+	// unreachable, fail and wait again).
 	RetrySlots int
 	// RetryOverflows counts the times the retry set grew past its cap and was
 	// replaced by a full snapshot of the PoP's own counts.

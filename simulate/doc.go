@@ -22,24 +22,25 @@
 // hundreds of thousands of them, each with its own key. Sources that send
 // all run long are merged into one Poisson stream of their summed rate whose
 // arrivals pick a source by rate (an alias table): the same process, with one
-// event in the queue instead of one per source. Edgelimit's PoPs hand their
-// store's Delta to the simulated transport every FlushInterval and their Own
-// state every SnapshotInterval (anti-entropy), as replication.Replicator
-// does, and drop ended mitigation bits every second; each copy reaches every
-// other PoP's Apply after the one-way latency between their regions plus
-// uniform jitter, unless lost (Loss) or duplicated (Duplicate). A partition
-// holds what crosses the cut until it heals, as JetStream stream sourcing
-// does. Messages and bytes count every copy handed to the network, sized as
-// the proto DeltaBatch that carries it.
-//
-// Presence beacons go to the other regions every HelloInterval like core NATS
-// messages (lost, not held, on a cut link); a PoP that hears no beacon from a
-// region for UnreachableAfter enforces only region.Share of the global limit,
-// as `edgelimit pop` does. Each PoP may run on a skewed clock (ClockSkew).
-// Mitigation bits go out when issued (at most once per BitsInterval, as
-// replication does with a BitsNotifier); the run records how long each took
-// from the hit that issued it to every other PoP. After a partition heals, it
-// records how long until every PoP holds every other PoP's counts as they
+// event in the queue instead of one per source. Edgelimit's and AsyncSync's
+// PoPs each run the replication protocol itself, replication/core, the very
+// core the JetStream Replicator drives: one tick event per PoP at its core's
+// NextDeadline, and every message the core publishes (delta batches,
+// snapshots, mitigation bits, presence beacons) carried by the simulated
+// network and handed to the receiving PoP's core with Step; what the core
+// asks to apply goes to the PoP's store and bit table, and a changed share
+// of global limits to its engine. The store's and bit table's own news
+// (BitsIssued, Urgent) reach the core after each decision. Each copy of a
+// message reaches every other PoP after the one-way latency between their
+// regions plus uniform jitter, unless lost (Loss) or duplicated (Duplicate).
+// A partition holds deltas, snapshots and bits that cross the cut until it
+// heals, as JetStream stream sourcing does; presence beacons go like core
+// NATS messages, lost, not held, on a cut link. Messages and bytes count
+// every copy handed to the network, sized as the proto message that carries
+// it. PoPs drop ended mitigation bits every second, and may run on a skewed
+// clock (ClockSkew). The run records how long each mitigation bit took from
+// the hit that issued it to every other PoP, and, after a partition heals,
+// // records how long until every PoP holds every other PoP's counts as they
 // were at the heal.
 //
 // The oracle is an exact sliding-window log, per key, over the hits every PoP admitted.

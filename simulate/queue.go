@@ -8,13 +8,8 @@ type eventKind uint8
 const (
 	evArrival  eventKind = iota // a request of source idx arrives
 	evSteady                    // a request of one of the steady sources arrives
-	evFlush                     // PoP idx publishes its delta
-	evBits                      // PoP idx publishes the bits it issued since the last time
-	evSnapshot                  // PoP idx publishes its full own state (anti-entropy)
+	evTick                      // PoP idx's replication core reaches its deadline
 	evDeliver                   // msg reaches PoP idx
-	evHello                     // PoP idx sends its presence beacon
-	evBeacon                    // a beacon from region arg reaches PoP idx
-	evWatch                     // PoP idx reviews which regions it hears
 	evHeal                      // partition idx heals
 	evConverge                  // check whether the state at heal idx reached every PoP
 )

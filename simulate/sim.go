@@ -21,6 +21,7 @@ import (
 	"github.com/edgelimit/edgelimit/pop/store"
 	edgelimitpb "github.com/edgelimit/edgelimit/proto"
 	"github.com/edgelimit/edgelimit/region"
+	"github.com/edgelimit/edgelimit/replication/core"
 )
 
 // Strategy is a way of enforcing one limit across PoPs.
@@ -29,12 +30,17 @@ type Strategy uint8
 const (
 	// Edgelimit is edgelimit as built: a global-scope limit in every PoP's
 	// embedded store, CRDT deltas flushed every FlushInterval through the
-	// simulated network and joined by the other PoPs, and mitigation bits:
-	// a PoP that finds the key over the limit issues a bit, published at once
-	// (at most once per BitsInterval), and every PoP that holds it denies
-	// without counting until the bit ends.
+	// simulated network and joined by the other PoPs; each check also counts
+	// the hits other PoPs probably admitted since their last message
+	// (MemoryConfig.Extrapolate); a PoP whose admitted hit leaves half of
+	// the limit or less publishes its delta at once (store.Memory.Urgent, at
+	// most once per BitsInterval); and mitigation bits: a PoP that finds the
+	// key over the limit issues a bit, published at once, and every PoP that
+	// holds it denies without counting until the bit ends.
 	Edgelimit Strategy = iota
-	// AsyncSync is Edgelimit without mitigation bits: CRDT deltas only.
+	// AsyncSync is the plain asynchronous baseline, edgelimit before the
+	// mechanisms above: CRDT deltas every FlushInterval only, decisions on
+	// the counts heard.
 	AsyncSync
 	// LocalOnly lets each PoP enforce the whole limit on its own traffic.
 	LocalOnly
@@ -79,9 +85,6 @@ const (
 	// convergeStep is how often, after a partition heals, a run checks
 	// whether every PoP holds every other PoP's counts from before the heal.
 	convergeStep = int64(5 * time.Millisecond)
-	// watchInterval is how often a PoP reviews which regions it hears, as
-	// `edgelimit pop` does.
-	watchInterval = int64(250 * time.Millisecond)
 	// beaconSize is the bytes of a presence beacon: a uvarint sequence number.
 	beaconSize = 9
 	// prefetchAhead is how many requests ahead a run starts fetching the
@@ -262,14 +265,13 @@ func (t *topology) healAt(a, b int, now int64) int64 {
 	return heal
 }
 
-// message is one delta batch or snapshot on its way from PoP from, with the
-// mitigation bits it carries and when each was issued (true time).
+// message is one message of the replication core on its way from PoP from,
+// with when each bit it carries was issued (true time).
 type message struct {
 	from     int
-	slots    []crdt.Slot
-	bits     []crdt.Bit
+	m        core.Message
 	issuedAt []int64
-	got      []bool // per PoP: a copy with bits was delivered (duplicates are not sampled twice)
+	got      []bool // per PoP: a copy with bits was applied (duplicates are not sampled twice)
 }
 
 // run is one strategy's simulation of a scenario.
@@ -291,20 +293,20 @@ type run struct {
 	req pop.Request
 	res pop.Result
 
-	seq             uint64
 	messages, bytes int64
 	latencyNs       int64 // Σ added decision latency (centralized)
 	lastSweep       []int64
 	lastBitSweep    []int64
 
-	heard   [][]int64 // per PoP, per region: when a beacon last arrived
-	share   []float64 // per PoP: the global share it enforces
-	reduced int64     // decisions made at a reduced share
+	cores      []*core.Core      // per PoP, when replicated: the replication protocol
+	tickAt     []int64           // per PoP: when its scheduled evTick fires
+	urgent     []<-chan struct{} // per PoP: its store's near-limit news, nil when it has none
+	delivering *message          // the message being delivered, while its Ready is done
+	share      []float64         // per PoP: the global share it enforces
+	reduced    int64             // decisions made at a reduced share
 
-	issuedAt  [][]int64 // per PoP: issue times of bits not yet flushed
+	issuedAt  [][]int64 // per PoP: issue times of bits not yet published
 	bitDelays []int64   // issue → delivery at another PoP, per bit and PoP
-	bitsArmed []bool    // per PoP: an evBits is scheduled
-	lastBits  []int64   // per PoP: when bits were last published on issue
 
 	heals       []healState
 	convergence []int64
@@ -442,15 +444,11 @@ func runStrategy(sc *Scenario, top *topology, arrivals *reader, keys []string, t
 		switch st {
 		case Edgelimit, AsyncSync:
 			r.engines[i], r.stores[i], err = newEngine(spec.Limit, rules.ScopeGlobal,
-				store.MemoryConfig{Replica: top.pops[i], RegionPeers: top.peers[i]})
+				store.MemoryConfig{Replica: top.pops[i], RegionPeers: top.peers[i], Extrapolate: st == Edgelimit})
 			if st == Edgelimit && err == nil {
 				if r.mits == nil {
 					r.mits = make([]*pop.Mitigations, n)
 					r.issuedAt = make([][]int64, n)
-					r.bitsArmed, r.lastBits = make([]bool, n), make([]int64, n)
-					for j := range r.lastBits {
-						r.lastBits[j] = math.MinInt64 / 2
-					}
 				}
 				r.mits[i] = pop.NewMitigations(top.pops[i])
 				r.engines[i].UseMitigations(r.mits[i])
@@ -479,16 +477,8 @@ func runStrategy(sc *Scenario, top *topology, arrivals *reader, keys []string, t
 	}
 
 	if r.replicated {
-		r.lastSweep, r.lastBitSweep = make([]int64, n), make([]int64, n)
-		r.heard, r.share = make([][]int64, n), make([]float64, n)
-		for i := range n {
-			r.heard[i], r.share[i] = make([]int64, len(top.regions)), 1
-			r.q.schedule(event{at: r.q.rand.Int64N(int64(sc.FlushInterval)), kind: evFlush, idx: i})
-			r.q.schedule(event{at: r.q.rand.Int64N(int64(sc.SnapshotInterval)), kind: evSnapshot, idx: i})
-			if len(top.regions) > 1 {
-				r.q.schedule(event{at: r.q.rand.Int64N(int64(sc.HelloInterval)), kind: evHello, idx: i})
-				r.q.schedule(event{at: r.q.rand.Int64N(watchInterval), kind: evWatch, idx: i})
-			}
+		if err := r.startCores(); err != nil {
+			return Result{}, err
 		}
 		for i, p := range sc.Partitions {
 			if int64(p.End) < r.duration {
@@ -548,22 +538,12 @@ func (r *run) loop(ctx context.Context) error {
 // fire does what event e says.
 func (r *run) fire(e event) {
 	switch e.kind {
-	case evFlush:
-		r.flush(e.idx)
-	case evBits:
-		r.bitsArmed[e.idx], r.lastBits[e.idx] = false, r.q.now
-		r.publishBits(e.idx, nil)
-	case evSnapshot:
-		r.publish(e.idx, r.stores[e.idx].Own(), nil, nil)
-		r.q.schedule(event{at: r.q.now + int64(r.sc.SnapshotInterval), kind: evSnapshot, idx: e.idx})
+	case evTick:
+		if e.at == r.tickAt[e.idx] { // else a later or earlier tick replaced it
+			r.tick(e.idx)
+		}
 	case evDeliver:
 		r.deliver(e.idx, e.msg)
-	case evHello:
-		r.hello(e.idx)
-	case evBeacon:
-		r.heard[e.idx][e.arg] = r.q.now
-	case evWatch:
-		r.watch(e.idx)
 	case evHeal:
 		h := healState{at: r.q.now, own: make([][]crdt.Slot, len(r.stores))}
 		for i, s := range r.stores {
@@ -576,88 +556,119 @@ func (r *run) fire(e event) {
 	}
 }
 
-// flush publishes PoP p's delta and the bits it issued since its last
-// flush, sweeps its store once a window, and drops its ended bits once a
-// second, as `edgelimit pop` does.
-func (r *run) flush(p int) {
-	r.publishBits(p, r.stores[p].Delta())
+// startCores starts one replication core per PoP, each as if its PoP had
+// booted at a random recent instant, so that the PoPs' flushes, beacons and
+// snapshots do not fall in step.
+func (r *run) startCores() error {
+	n := len(r.top.pops)
+	t := region.Topology{Regions: map[string][]string{}}
+	for _, rg := range r.sc.Regions {
+		t.Regions[rg.Name] = rg.PoPs
+	}
+	r.cores, r.tickAt, r.urgent = make([]*core.Core, n), make([]int64, n), make([]<-chan struct{}, n)
+	r.lastSweep, r.lastBitSweep, r.share = make([]int64, n), make([]int64, n), make([]float64, n)
+	for i := range n {
+		r.share[i] = 1
+		cfg := core.Config{
+			Region: r.top.regions[r.top.region[i]], POP: r.top.pops[i], Topology: t, Counts: r.stores[i],
+			FlushInterval: r.sc.FlushInterval, SnapshotInterval: r.sc.SnapshotInterval, HelloInterval: r.sc.HelloInterval,
+			BitsInterval: r.sc.BitsInterval, UnreachableAfter: r.sc.UnreachableAfter, PartitionShare: r.sc.PartitionShare,
+		}
+		if r.mits != nil {
+			cfg.Bits = r.mits[i]
+		}
+		if u, ok := any(r.stores[i]).(core.UrgentNotifier); ok && r.strategy == Edgelimit {
+			r.urgent[i] = u.Urgent()
+		}
+		// Booted long enough ago for its phases to differ from the other
+		// PoPs', not so long that it took the other regions for cut off
+		// before their first beacons can arrive.
+		boot := r.clock(i) - r.q.rand.Int64N(int64(min(r.sc.SnapshotInterval, r.sc.UnreachableAfter/2)))
+		c, err := core.New(cfg, boot)
+		if err != nil {
+			return fmt.Errorf("simulate: %w", err)
+		}
+		r.cores[i] = c
+		r.tickAt[i] = math.MaxInt64
+		r.reschedule(i)
+	}
+	return nil
+}
+
+// clock is PoP p's wall clock now, in unix ns: the virtual time on the
+// Epoch, plus its skew.
+func (r *run) clock(p int) int64 { return Epoch.UnixNano() + r.q.now + r.skew[p] }
+
+// reschedule makes sure an evTick fires for PoP p at its core's next
+// deadline.
+func (r *run) reschedule(p int) {
+	d := r.cores[p].NextDeadline()
+	if d == math.MaxInt64 {
+		return
+	}
+	at := max(d-Epoch.UnixNano()-r.skew[p], r.q.now)
+	if at < r.tickAt[p] {
+		r.tickAt[p] = at
+		r.q.schedule(event{at: at, kind: evTick, idx: p})
+	}
+}
+
+// tick runs PoP p's core at its deadline, sweeps its store once a window and
+// drops its ended bits once a second, as `edgelimit pop` does.
+func (r *run) tick(p int) {
+	r.tickAt[p] = math.MaxInt64
+	r.cores[p].Tick(r.clock(p))
 	now := r.q.now
 	if now-r.lastSweep[p] >= r.window {
-		r.stores[p].SweepAt(Epoch.UnixNano() + now + r.skew[p])
+		r.stores[p].SweepAt(r.clock(p))
 		r.lastSweep[p] = now
 	}
 	if r.mits != nil && now-r.lastBitSweep[p] >= bitSweepInterval {
-		r.mits[p].Sweep(Epoch.UnixNano() + now + r.skew[p])
+		r.mits[p].Sweep(r.clock(p))
 		r.lastBitSweep[p] = now
 	}
-	r.q.schedule(event{at: r.q.now + int64(r.sc.FlushInterval), kind: evFlush, idx: p})
+	r.ready(p)
 }
 
-// publishBits publishes slots from PoP p with the bits it issued since it
-// last published bits.
-func (r *run) publishBits(p int, slots []crdt.Slot) {
-	var bits []crdt.Bit
-	var issued []int64
-	if r.mits != nil {
-		bits = r.mits[p].BitsDelta()
-		// BitsDelta lists bits in the order Issue took them, the order
-		// arrive recorded their times.
-		issued = r.issuedAt[p][:min(len(bits), len(r.issuedAt[p]))]
-		r.issuedAt[p] = nil
+// ready does what PoP p's core asks: publish its messages on the simulated
+// network, apply what it received, rescale its global limits; then it
+// schedules the core's next tick. The in-process store needs nothing saved.
+func (r *run) ready(p int) {
+	c := r.cores[p]
+	for c.HasReady() {
+		rd := c.Ready()
+		for _, m := range rd.Messages {
+			r.publish(p, m)
+		}
+		for _, a := range rd.Apply {
+			if len(a.Slots) > 0 {
+				r.stores[p].ApplyAt(r.clock(p), a.Sent, a.Slots)
+			}
+			if len(a.Bits) > 0 {
+				r.mits[p].ApplyBits(a.Bits)
+				if msg := r.delivering; msg != nil && msg.got != nil && !msg.got[p] {
+					msg.got[p] = true
+					for _, t := range msg.issuedAt {
+						r.bitDelays = append(r.bitDelays, r.q.now-t)
+					}
+				}
+			}
+		}
+		if rd.Share != 0 {
+			r.engines[p].SetGlobalShare(rd.Share)
+			r.share[p] = rd.Share
+		}
+		c.Advance(rd)
 	}
-	r.publish(p, slots, bits, issued)
+	r.reschedule(p)
 }
 
-// deliver hands msg to PoP p's store and bit table.
+// deliver hands msg to PoP p's core.
 func (r *run) deliver(p int, msg *message) {
-	r.stores[p].Apply(msg.slots)
-	if len(msg.bits) == 0 {
-		return
-	}
-	r.mits[p].ApplyBits(msg.bits)
-	if !msg.got[p] {
-		msg.got[p] = true
-		for _, t := range msg.issuedAt {
-			r.bitDelays = append(r.bitDelays, r.q.now-t)
-		}
-	}
-}
-
-// hello sends PoP p's presence beacon to every PoP of the other regions.
-// Like core NATS, a beacon is lost, not held, on a cut link.
-func (r *run) hello(p int) {
-	a := r.top.region[p]
-	for j := range r.top.pops {
-		b := r.top.region[j]
-		if b == a {
-			continue
-		}
-		r.messages++
-		r.bytes += beaconSize
-		if r.top.healAt(a, b, r.q.now) > r.q.now || (r.sc.Loss > 0 && r.q.rand.Float64() < r.sc.Loss) {
-			continue
-		}
-		r.q.schedule(event{at: r.q.now + r.latency(a, b), kind: evBeacon, idx: j, arg: int32(a)})
-	}
-	r.q.schedule(event{at: r.q.now + int64(r.sc.HelloInterval), kind: evHello, idx: p})
-}
-
-// watch sets PoP p's share of global limits from the regions it hears, as
-// `edgelimit pop` does (region.Share over the regions heard within
-// UnreachableAfter).
-func (r *run) watch(p int) {
-	reachable := 0
-	for reg, at := range r.heard[p] {
-		if reg == r.top.region[p] || r.q.now-at <= int64(r.sc.UnreachableAfter) {
-			reachable++
-		}
-	}
-	share := region.Share(reachable, len(r.top.regions), r.sc.PartitionShare)
-	if share != r.share[p] {
-		r.engines[p].SetGlobalShare(share)
-		r.share[p] = share
-	}
-	r.q.schedule(event{at: r.q.now + watchInterval, kind: evWatch, idx: p})
+	r.cores[p].Step(r.clock(p), msg.m)
+	r.delivering = msg
+	r.ready(p)
+	r.delivering = nil
 }
 
 // converge checks whether every PoP now holds every other PoP's counts as
@@ -718,11 +729,15 @@ func (r *run) arrive(ctx context.Context, k, p int) error {
 		for range issued {
 			r.issuedAt[p] = append(r.issuedAt[p], now)
 		}
-		// As replication.Replicator with a BitsNotifier: publish at once,
-		// at most once per BitsInterval.
-		if !r.bitsArmed[p] {
-			r.bitsArmed[p] = true
-			r.q.schedule(event{at: max(now, r.lastBits[p]+int64(r.sc.BitsInterval)), kind: evBits, idx: p})
+		r.cores[p].BitsIssued(r.clock(p))
+		r.ready(p)
+	}
+	if r.replicated && r.urgent[p] != nil {
+		select {
+		case <-r.urgent[p]:
+			r.cores[p].Urgent(r.clock(p))
+			r.ready(p)
+		default:
 		}
 	}
 	r.oracle.decide(k, now, 1, r.res.Code == pop.OK)
@@ -735,22 +750,45 @@ func (r *run) arrive(ctx context.Context, k, p int) error {
 	return nil
 }
 
-// publish sends slots and bits from PoP p to every other PoP, as JetStream
-// would deliver them: after the latency between their regions (plus
-// jitter), held across a cut link until it heals, lost with probability
-// Loss and duplicated with probability Duplicate. Every copy handed to the
-// network counts as a message on the wire, sized as the DeltaBatch (and
-// MitigationBatch) that carries it.
-func (r *run) publish(p int, slots []crdt.Slot, bits []crdt.Bit, issued []int64) {
-	if len(slots) == 0 && len(bits) == 0 {
+// publish sends m from PoP p to every other PoP, as NATS would deliver it.
+// A delta, snapshot or bits batch goes as JetStream carries it: after the
+// latency between the regions (plus jitter), held across a cut link until it
+// heals, lost with probability Loss and duplicated with probability
+// Duplicate. A presence beacon goes on core NATS: lost, not held, on a cut
+// link. Every copy handed to the network counts as a message on the wire,
+// sized as the protobuf message that carries it.
+func (r *run) publish(p int, m core.Message) {
+	a := r.top.region[p]
+	if m.Kind == core.Hello {
+		msg := &message{from: p, m: m}
+		for j := range r.top.pops {
+			if j == p {
+				continue
+			}
+			b := r.top.region[j]
+			r.messages++
+			r.bytes += beaconSize
+			if r.top.healAt(a, b, r.q.now) > r.q.now || (r.sc.Loss > 0 && r.q.rand.Float64() < r.sc.Loss) {
+				continue
+			}
+			r.q.schedule(event{at: r.q.now + r.latency(a, b), kind: evDeliver, idx: j, msg: msg})
+		}
 		return
 	}
-	r.seq++
-	size := int64(wireSize(r.top.pops[p], r.top.regions[r.top.region[p]], r.seq, Epoch.UnixNano()+r.q.now, slots))
-	msg := &message{from: p, slots: slots, bits: bits, issuedAt: issued}
-	if len(bits) > 0 {
-		size += int64(bitsSize(r.top.pops[p], bits))
+	var size int64
+	if m.Kind != core.BitsBatch {
+		size = int64(wireSize(m.POP, m.Region, m.Seq, m.Sent, m.Slots))
+	}
+	msg := &message{from: p, m: m}
+	if len(m.Bits) > 0 {
+		size += int64(bitsSize(m.POP, m.Bits))
 		msg.got = make([]bool, len(r.top.pops))
+		if m.Kind == core.BitsBatch {
+			// BitsDelta lists bits in the order Issue took them, the order
+			// arrive recorded their times.
+			msg.issuedAt = r.issuedAt[p][:min(len(m.Bits), len(r.issuedAt[p]))]
+			r.issuedAt[p] = nil
+		}
 	}
 	for j := range r.top.pops {
 		if j == p {
@@ -766,7 +804,7 @@ func (r *run) publish(p int, slots []crdt.Slot, bits []crdt.Bit, issued []int64)
 			if r.sc.Loss > 0 && r.q.rand.Float64() < r.sc.Loss {
 				continue
 			}
-			a, b := r.top.region[p], r.top.region[j]
+			b := r.top.region[j]
 			at := r.top.healAt(a, b, r.q.now) + r.latency(a, b)
 			r.q.schedule(event{at: at, kind: evDeliver, idx: j, msg: msg})
 		}

@@ -140,6 +140,7 @@ func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog
 		r, err := replication.New(replication.Config{
 			Region: f.region, POP: f.pop, Topology: t, Conn: nc, Counts: counts, Bits: bits,
 			FlushInterval: f.flush, SnapshotInterval: f.snapshot, StartSeq: seq, OnApplied: counts.Applied,
+			UnreachableAfter: f.unreachableAfter, PartitionShare: f.partitionShare, SetGlobalShare: h.SetGlobalShare,
 			Domains: domains(t), Logger: log.With("component", "replication"),
 		})
 		if err != nil {
@@ -148,11 +149,10 @@ func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog
 		}
 		reg.MustRegister(replicationCollector{r})
 		log.Info("replicating", "region", f.region, "pop", f.pop, "regions", len(t.Regions), "resume_after_seq", seq)
-		go f.watchPartition(ctx, r, t, h.SetGlobalShare, log)
 		return func() error {
 			defer closeAll()
 			err := r.Run(ctx)
-			counts.Delta() // one last save of what was counted
+			_ = counts.Save(counts.Delta()) // one last save of what was counted
 			return err
 		}, nil
 	}
@@ -200,34 +200,4 @@ func (c replicationCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(replStalled, prometheus.GaugeValue, float64(s.StalledSources))
 	ch <- prometheus.MustNewConstMetric(bitLag, prometheus.GaugeValue, s.BitLag.P50.Seconds(), "0.5")
 	ch <- prometheus.MustNewConstMetric(bitLag, prometheus.GaugeValue, s.BitLag.P99.Seconds(), "0.99")
-}
-
-// watchPartition sets this PoP's share of global limits from which regions it
-// can hear: while some are cut off, it enforces the share of the regions it
-// reaches (reachable regions / all regions by default, or --partition-share
-// per reachable region), so that the sides of a partition together admit at
-// most about one global limit. It restores the full limits once every region
-// is heard again.
-func (f *replFlags) watchPartition(ctx context.Context, r *replication.Replicator, t replication.Topology, set func(float64), log *slog.Logger) {
-	regions := len(t.Regions)
-	if regions < 2 || set == nil {
-		return
-	}
-	tick := time.NewTicker(250 * time.Millisecond)
-	defer tick.Stop()
-	last := 1.0
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-tick.C:
-			cut := r.Unreachable(now, f.unreachableAfter)
-			share := region.Share(regions-len(cut), regions, f.partitionShare)
-			if share != last {
-				log.Warn("global limits rescaled: regions unreachable", "unreachable", cut, "share", share)
-				set(share)
-				last = share
-			}
-		}
-	}
 }

@@ -129,6 +129,12 @@ type State struct {
 	Tokens float64
 	// Log holds SlidingLog's admitted hit times.
 	Log *Ring
+	// Unheard is, for a window algorithm counted across replicas, the hits
+	// other replicas have probably admitted that this one has not heard of
+	// yet, as the estimate at the decision's instant weighs them (see
+	// store's extrapolation). The decision counts them as if admitted; Add
+	// never changes them. Zero for a State counted in one place.
+	Unheard float64
 }
 
 // Decision is one limit's answer for one request.
@@ -274,7 +280,7 @@ func (s Spec) peekSliding(st *State, now, hits int64) Decision {
 	}
 	end := st.Start + w
 	weight := float64(w-elapsed) / float64(w)
-	est := float64(st.Prev)*weight + float64(st.Cur)
+	est := float64(st.Prev)*weight + float64(st.Cur) + st.Unheard
 	d := Decision{Reset: max(end-now, 0)}
 	if est+float64(hits) <= float64(s.Limit)+tolerance {
 		d.Allowed = true
@@ -286,8 +292,8 @@ func (s Spec) peekSliding(st *State, now, hits int64) Decision {
 		d.RetryAfter = max(s.IdleAt(st)-now, 1)
 		return d
 	}
-	room := float64(s.Limit - hits) // est must fall to room
-	if st.Cur <= s.Limit-hits {
+	room := float64(s.Limit - hits) // est must fall to room; Unheard left out, see below
+	if float64(st.Cur) <= room && st.Prev > 0 {
 		// The previous window's share decays enough within this window:
 		// prev × (w − e)/w + cur ≤ room  ⇔  e ≥ w − (room − cur)·w/prev.
 		e := float64(w) - (room-float64(st.Cur))*float64(w)/float64(st.Prev)
@@ -295,7 +301,10 @@ func (s Spec) peekSliding(st *State, now, hits int64) Decision {
 		return d
 	}
 	// Only in the next window, where cur becomes prev: cur × (w − e)/w ≤ room.
-	e := float64(w) - room*float64(w)/float64(st.Cur)
+	e := float64(w)
+	if st.Cur > 0 && room > 0 {
+		e -= room * float64(w) / float64(st.Cur)
+	}
 	d.RetryAfter = (w - elapsed) + max(ceilNanos(e), 0)
 	return d
 }
@@ -303,12 +312,13 @@ func (s Spec) peekSliding(st *State, now, hits int64) Decision {
 func (s Spec) peekFixed(st *State, now, hits int64) Decision {
 	end := st.Start + s.Window
 	d := Decision{Reset: max(end-now, 0)}
-	if st.Cur+hits <= s.Limit {
+	cur := st.Cur + int64(math.Ceil(st.Unheard-tolerance))
+	if cur+hits <= s.Limit {
 		d.Allowed = true
-		d.Remaining = s.Limit - st.Cur - hits
+		d.Remaining = s.Limit - cur - hits
 		return d
 	}
-	d.Remaining = max(s.Limit-st.Cur, 0)
+	d.Remaining = max(s.Limit-cur, 0)
 	// The next window: also for more hits than the limit, which never fit —
 	// a fresh window is as good as it gets.
 	d.RetryAfter = max(end-now, 1)

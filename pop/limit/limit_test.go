@@ -110,3 +110,36 @@ func TestValidate(t *testing.T) {
 		t.Errorf("a zero limit (deny all) is valid: %v", err)
 	}
 }
+
+// TestUnheard checks that the window algorithms count State.Unheard as hits
+// already admitted, and that Add leaves it alone.
+func TestUnheard(t *testing.T) {
+	w := int64(time.Second)
+	start := int64(100) * w
+	for _, c := range []struct {
+		alg       Algorithm
+		unheard   float64
+		allowed   bool
+		remaining int64
+	}{
+		{SlidingWindow, 0, true, 1},    // 4 + 4×½ + 2 hits = 8 of 9
+		{SlidingWindow, 0.5, true, 0},  // 8.5 of 9
+		{SlidingWindow, 1.5, false, 1}, // 9.5 of 9; 1 left for a single hit
+		{FixedWindow, 0, true, 3},      // 4 + 2 = 6 of 9
+		{FixedWindow, 2.5, true, 0},    // 4 + 3 + 2 = 9
+		{FixedWindow, 3.5, false, 1},   // 4 + 4 + 2 = 10
+	} {
+		s := Spec{Algorithm: c.alg, Limit: 9, Window: w}
+		st := State{Start: start, Cur: 4, Prev: 4, Unheard: c.unheard}
+		d := s.Take(&st, start+w/2, 2)
+		if d.Allowed != c.allowed || d.Remaining != c.remaining {
+			t.Errorf("%v unheard %v: allowed %v remaining %d, want %v %d", c.alg, c.unheard, d.Allowed, d.Remaining, c.allowed, c.remaining)
+		}
+		if !d.Allowed && d.RetryAfter <= 0 {
+			t.Errorf("%v unheard %v: denied with RetryAfter %d", c.alg, c.unheard, d.RetryAfter)
+		}
+		if st.Unheard != c.unheard {
+			t.Errorf("%v: Take changed Unheard to %v", c.alg, st.Unheard)
+		}
+	}
+}

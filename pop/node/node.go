@@ -75,6 +75,9 @@ type Config struct {
 	// across PoPs (store.MemoryConfig, store.RedisConfig).
 	Replica     string
 	RegionPeers []string
+	// Extrapolate makes the embedded store count the hits other PoPs have
+	// probably admitted since their last message (store.MemoryConfig).
+	Extrapolate bool
 	// Replicate, when set, wires the store to replication (cmd supplies it;
 	// pop does not import replication). It is called before the PoP serves
 	// its first check, so that it can restore durable state into the store,
@@ -112,7 +115,7 @@ type Counts interface {
 	Delta() []crdt.Slot
 	Own() []crdt.Slot
 	Restore(own []crdt.Slot)
-	Apply(remote []crdt.Slot)
+	Apply(sent int64, remote []crdt.Slot)
 	Remote() []crdt.Slot
 }
 
@@ -322,7 +325,7 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, counts Coun
 	embedded := cfg.Store == "" || cfg.Store == "embedded"
 	memCfg := store.MemoryConfig{MaxKeys: cfg.MaxKeys}
 	if embedded {
-		memCfg.Replica, memCfg.RegionPeers = cfg.Replica, cfg.RegionPeers
+		memCfg.Replica, memCfg.RegionPeers, memCfg.Extrapolate = cfg.Replica, cfg.RegionPeers, cfg.Extrapolate
 	}
 	mem := store.NewMemory(memCfg)
 	registerMemory(reg, mem)

@@ -38,6 +38,11 @@ type MemoryConfig struct {
 	// RegionPeers are the other PoPs of this PoP's region, whose counts a
 	// region-scoped limit adds to its own.
 	RegionPeers []string
+	// Extrapolate makes a check of a region or global limit count, beside
+	// what it has heard, the hits other replicas have probably admitted
+	// since (limit.State.Unheard): each replica's recent rate times the age
+	// of its last message. Without it a check counts only what it heard.
+	Extrapolate bool
 }
 
 // Memory is the embedded in-process counter store. It keeps one limit.State per
@@ -58,6 +63,7 @@ type Memory struct {
 	perShard int
 	shards   [shardCount]shard
 	rep      *replicated // nil without a replica name
+	urgent   chan struct{}
 
 	evictedIdle atomic.Uint64
 	evictedLive atomic.Uint64
@@ -79,9 +85,9 @@ func NewMemory(cfg MemoryConfig) *Memory {
 	if maxKeys <= 0 {
 		maxKeys = DefaultMaxKeys
 	}
-	s := &Memory{seed: maphash.MakeSeed(), perShard: max(maxKeys/shardCount, 1)}
+	s := &Memory{seed: maphash.MakeSeed(), perShard: max(maxKeys/shardCount, 1), urgent: make(chan struct{}, 1)}
 	if cfg.Replica != "" {
-		s.rep = newReplicated(cfg.Replica, cfg.RegionPeers)
+		s.rep = newReplicated(cfg.Replica, cfg.RegionPeers, cfg.Extrapolate)
 	}
 	for i := range s.shards {
 		s.shards[i].t.rng = uint64(i)*0x9E3779B97F4A7C15 | 1

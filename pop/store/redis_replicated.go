@@ -387,7 +387,7 @@ func (s *Redis) RestoreCtx(ctx context.Context, own []crdt.Slot) error {
 // whose key does not name a window algorithm and unit (rules.AppendKey) are
 // ignored. Duplicated, reordered and stale slots never count twice. A
 // failure is in ReplicationErr (the next anti-entropy snapshot repairs it).
-func (s *Redis) Apply(remote []crdt.Slot) {
+func (s *Redis) Apply(sent int64, remote []crdt.Slot) {
 	s.rep.noteErr(s.ApplyCtx(context.Background(), remote))
 }
 

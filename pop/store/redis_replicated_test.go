@@ -272,8 +272,8 @@ func TestRedisReplicatedServersOfOnePoP(t *testing.T) {
 	if d := a1.Delta(); d != nil {
 		t.Fatalf("second delta %v, want nothing", d)
 	}
-	b.Apply(d1)
-	b.Apply(d2)
+	b.Apply(0, d1)
+	b.Apply(0, d2)
 	if err := b.ReplicationErr(); err != nil {
 		t.Fatal(err)
 	}
@@ -347,7 +347,7 @@ func TestRedisReplicatedBounds(t *testing.T) {
 
 	plain := openTestRedis(t, dbURL(srv, 3), RedisConfig{ClockSource: ClockLocal})
 	plain.Restore([]crdt.Slot{{Key: string(it.Key), Window: t0, Replica: "a", Count: 1}})
-	plain.Apply([]crdt.Slot{{Key: string(it.Key), Window: t0, Replica: "b", Count: 1}})
+	plain.Apply(0, []crdt.Slot{{Key: string(it.Key), Window: t0, Replica: "b", Count: 1}})
 	if plain.Delta() != nil || plain.Own() != nil || plain.Remote() != nil || plain.ReplicationErr() != nil {
 		t.Fatal("a store without a replica name replicated")
 	}
@@ -355,7 +355,7 @@ func TestRedisReplicatedBounds(t *testing.T) {
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
-	b.Apply([]crdt.Slot{{Key: string(it.Key), Window: t0 + int64(2*time.Minute), Replica: "a", Count: 3}})
+	b.Apply(0, []crdt.Slot{{Key: string(it.Key), Window: t0 + int64(2*time.Minute), Replica: "a", Count: 3}})
 	if err := b.ReplicationErr(); err == nil || !strings.Contains(err.Error(), "applying 1 remote slots") {
 		t.Fatalf("ReplicationErr %v after applying to a closed store", err)
 	}

@@ -3,6 +3,7 @@ package store
 import (
 	"slices"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/edgelimit/edgelimit/crdt"
@@ -21,26 +22,113 @@ import (
 // its own pair, and sweep drops each pair's windows older than the previous
 // one.
 type replicated struct {
-	mu       sync.Mutex
-	self     string
-	inRegion func(replica string) bool
-	units    map[int64]*unitCounts // by window length
+	mu          sync.Mutex
+	self        string
+	extrapolate bool // see MemoryConfig.Extrapolate
+	inRegion    func(replica string) bool
+	units       map[int64]*unitCounts // by window length
+	clocks      map[string]*replicaClock
+}
+
+// replicaClock is what a PoP knows of how fresh another replica's counts
+// are: when the replica stamped the newest message it applied, when that
+// message was applied here, the usual time between the replica's messages and
+// the usual delay from stamp to apply.
+type replicaClock struct {
+	sent, recv int64
+	gap, lag   float64
+}
+
+const (
+	maxClockGap = int64(time.Second)
+	maxClockLag = int64(500 * time.Millisecond)
+)
+
+// heard records that a message the replica stamped at sent was applied at now.
+func (c *replicaClock) heard(now, sent int64) {
+	if sent <= c.sent {
+		return // an older message, a duplicate, or no stamp
+	}
+	lag := float64(min(max(now-sent, 0), maxClockLag))
+	if c.sent == 0 {
+		c.lag = lag
+	} else {
+		gap := float64(min(sent-c.sent, maxClockGap))
+		if c.gap == 0 {
+			c.gap = gap
+		} else {
+			c.gap += (gap - c.gap) / 8
+		}
+		c.lag += (lag - c.lag) / 8
+	}
+	c.sent, c.recv = sent, now
+}
+
+// age is how old, at now, what the replica last told us probably is: the
+// stamp-to-apply delay plus the time since, but at most one usual gap more
+// than that delay — past it, the replica would have sent news if it had any.
+func (c *replicaClock) age(now int64) float64 {
+	a := float64(now-c.recv) + c.lag
+	return min(max(a, 0), c.gap+c.lag)
 }
 
 type unitCounts struct {
 	own    *crdt.Local
 	remote crdt.Counters
+	recent map[string]*recentHits // own latest admissions of keys near their limit
 }
 
-func newReplicated(self string, regionPeers []string) *replicated {
-	return &replicated{self: self, inRegion: crdt.OneOf(regionPeers...), units: make(map[int64]*unitCounts)}
+// recentHits remembers when this PoP admitted its latest hits of one key:
+// the running total after each admission, for the last recentLen of them.
+type recentHits struct {
+	at, total [recentLen]int64
+	next, n   int // where the next admission goes, and how many are held
+	sum       int64
+}
+
+const recentLen = 32
+
+func (r *recentHits) add(now, hits int64) {
+	r.sum += hits
+	r.at[r.next], r.total[r.next] = now, r.sum
+	r.next = (r.next + 1) % recentLen
+	r.n = min(r.n+1, recentLen)
+}
+
+// since returns how many hits were admitted after t, as far as it remembers.
+func (r *recentHits) since(t int64) int64 {
+	before := r.sum // the running total at t
+	for k := 1; k <= r.n; k++ {
+		i := (r.next - k + recentLen) % recentLen
+		if r.at[i] <= t {
+			return r.sum - r.total[i]
+		}
+		before = r.total[i]
+	}
+	if r.n < recentLen {
+		return r.sum // everything it ever counted was after t
+	}
+	return r.sum - before + 1 // at least what it holds
+}
+
+// last returns when the latest admission was, or 0.
+func (r *recentHits) last() int64 {
+	if r.n == 0 {
+		return 0
+	}
+	return r.at[(r.next-1+recentLen)%recentLen]
+}
+
+func newReplicated(self string, regionPeers []string, extrapolate bool) *replicated {
+	return &replicated{self: self, inRegion: crdt.OneOf(regionPeers...), units: make(map[int64]*unitCounts),
+		clocks: make(map[string]*replicaClock), extrapolate: extrapolate}
 }
 
 // unit returns the counters of window length w, creating them. Requires r.mu held.
 func (r *replicated) unit(w int64) *unitCounts {
 	u := r.units[w]
 	if u == nil {
-		u = &unitCounts{own: crdt.NewLocal(r.self)}
+		u = &unitCounts{own: crdt.NewLocal(r.self), recent: make(map[string]*recentHits)}
 		r.units[w] = u
 	}
 	return u
@@ -61,12 +149,99 @@ func (r *replicated) state(it *limit.Item, now int64) limit.State {
 	count := func(window int64) int64 {
 		return int64(u.own.Count(key, window) + u.remote.Total(key, window, in))
 	}
-	return limit.State{Start: start, Cur: count(start), Prev: count(start - w)}
+	st := limit.State{Start: start, Cur: count(start), Prev: count(start - w)}
+	if r.extrapolate {
+		// A replica whose clock is ahead already counts in the next
+		// window what happens now: its hits there are this window's too.
+		st.Cur += int64(u.remote.Total(key, start+w, in))
+		st.Unheard = r.unheard(u, key, start, w, now, in)
+	}
+	return st
+}
+
+// unheard estimates the hits of key that other replicas have admitted and
+// this PoP has not heard of yet. For each replica, what it admitted since the
+// newest message of it we applied, over the age of that message
+// (replicaClock.age):
+//
+//   - When this PoP has itself admitted the key lately (it is near its limit,
+//     see add) and did so before that age at least as much as within it, by
+//     what it admitted over that same age: the replica saw the same news and
+//     decides by the same rule, so it admitted in proportion to its part of
+//     the key's traffic (its sliding count then against ours then; a PoP
+//     new to the key has no such part to go by). This follows the room as it opens and closes for everyone at
+//     once — after a window rolls, a burst, a partition heals — where a rate
+//     measured over the window lags a whole window behind and lets every PoP
+//     take the same room.
+//   - Otherwise, by its rate over the last window (its sliding count over the
+//     window length).
+//
+// The part of the age before the window began weighs as the previous window
+// does. Requires r.mu held.
+func (r *replicated) unheard(u *unitCounts, key string, start, w, now int64, in func(string) bool) float64 {
+	type rc struct {
+		name      string
+		cur, prev uint64
+	}
+	var buf [16]rc
+	reps := buf[:0]
+	find := func(name string) *rc {
+		for i := range reps {
+			if reps[i].name == name {
+				return &reps[i]
+			}
+		}
+		reps = append(reps, rc{name: name})
+		return &reps[len(reps)-1]
+	}
+	u.remote.Each(key, start, in, func(name string, n uint64) { find(name).cur = n })
+	u.remote.Each(key, start-w, in, func(name string, n uint64) { find(name).prev = n })
+	elapsed := float64(now - start)
+	weight := (float64(w) - elapsed) / float64(w)
+	rh := u.recent[key]
+	var mine float64 // this PoP's sliding count, when it admitted the key lately
+	if rh != nil {
+		mine = float64(u.own.Count(key, start-w))*weight + float64(u.own.Count(key, start))
+	}
+	extra := 0.0
+	for _, c := range reps {
+		clk := r.clocks[c.name]
+		if clk == nil {
+			continue
+		}
+		theirs := float64(c.prev)*weight + float64(c.cur) // its sliding count
+		age := clk.age(now)
+		if mine > 0 {
+			since := float64(rh.since(now - int64(age)))
+			if then := mine - since; then >= since {
+				extra += since * theirs / then
+				continue
+			}
+		}
+		rate := theirs / float64(w) // hits per ns
+		inCur := min(age, elapsed)
+		extra += rate*inCur + rate*(age-inCur)*weight
+	}
+	return extra
 }
 
 // add counts hits of item in the window st starts. Requires r.mu held.
-func (r *replicated) add(it *limit.Item, st *limit.State, hits int64) {
-	r.unit(it.Spec.Window).own.AddBytes(it.Key, st.Start, uint64(hits))
+func (r *replicated) add(it *limit.Item, st *limit.State, now, hits int64) {
+	u := r.unit(it.Spec.Window)
+	u.own.AddBytes(it.Key, st.Start, uint64(hits))
+	if !r.extrapolate {
+		return
+	}
+	key := unsafe.String(unsafe.SliceData(it.Key), len(it.Key))
+	rh := u.recent[key]
+	if rh == nil {
+		if 4*(float64(st.Cur+st.Prev)+st.Unheard) < float64(it.Spec.Limit) {
+			return // far from the limit: not worth the memory
+		}
+		rh = &recentHits{}
+		u.recent[string(it.Key)] = rh
+	}
+	rh.add(now, hits)
 }
 
 // sweep drops, for every window length, the windows before the previous one.
@@ -77,8 +252,31 @@ func (r *replicated) sweep(now int64) {
 		horizon := limit.WindowStart(now, w) - w
 		u.own.DropBefore(horizon)
 		u.remote.DropBefore(horizon)
+		for k, rh := range u.recent {
+			if now-rh.last() > 2*w {
+				delete(u.recent, k)
+			}
+		}
 	}
 }
+
+// admitted signals Urgent after a hit of a replicated limit was admitted.
+func (s *Memory) admitted() {
+	select {
+	case s.urgent <- struct{}{}:
+	default:
+	}
+}
+
+// Urgent returns a channel that receives (without blocking a check, so
+// several admissions may make one receive) after a check admitted a hit of a
+// region or global limit: news the other PoPs need before the next flush.
+// Replication publishes the delta at once, at most once per its bits
+// interval (replication.UrgentNotifier). Publishing every admission within
+// 10 ms rather than 100 ms measured best at world scale, for about 3% more
+// bytes on the wire on the 270,000-key mix (README, "Global limits at world
+// scale").
+func (s *Memory) Urgent() <-chan struct{} { return s.urgent }
 
 // replicates reports whether s counts it across PoPs.
 func (s *Memory) replicates(it *limit.Item) bool {
@@ -94,7 +292,8 @@ func (s *Memory) checkMany(now, hits int64, items []limit.Item, out []limit.Deci
 		st := s.rep.state(&items[0], now)
 		states := [1]*limit.State{&st}
 		if limit.Decide(now, hits, items, states[:], out) && out[0].Allowed {
-			s.rep.add(&items[0], &st, hits)
+			s.rep.add(&items[0], &st, now, hits)
+			s.admitted()
 		}
 		s.rep.mu.Unlock()
 		return
@@ -149,7 +348,8 @@ func (s *Memory) checkMany(now, hits int64, items []limit.Item, out []limit.Deci
 	for i, h := range hashes {
 		if h == 0 {
 			if admitted && out[i].Allowed {
-				s.rep.add(&items[i], states[i], hits)
+				s.rep.add(&items[i], states[i], now, hits)
+				s.admitted()
 			}
 			continue
 		}
@@ -206,9 +406,34 @@ func (s *Memory) Restore(own []crdt.Slot) {
 	s.route(own, func(u *unitCounts, sl []crdt.Slot) { u.own.Restore(sl...) }, true)
 }
 
-// Apply joins other replicas' slots into the remote counts. Own slots, and
-// keys whose window cannot be told (not built by rules.AppendKey), are ignored.
-func (s *Memory) Apply(remote []crdt.Slot) {
+// Apply joins other replicas' slots, stamped by their sender at sent (unix
+// ns, 0 when unknown), into the remote counts, as applied now. Own slots, and
+// keys whose window cannot be told (not built by rules.AppendKey), are
+// ignored.
+func (s *Memory) Apply(sent int64, remote []crdt.Slot) {
+	s.ApplyAt(time.Now().UnixNano(), sent, remote)
+}
+
+// ApplyAt is Apply at now (unix ns): the stamp and the time of applying tell
+// how old each sender's news is (see MemoryConfig.Extrapolate).
+func (s *Memory) ApplyAt(now, sent int64, remote []crdt.Slot) {
+	if s.rep == nil {
+		return
+	}
+	s.rep.mu.Lock()
+	last := ""
+	for i := range remote {
+		if name := remote[i].Replica; name != last && name != s.rep.self {
+			last = name
+			c := s.rep.clocks[name]
+			if c == nil {
+				c = &replicaClock{}
+				s.rep.clocks[name] = c
+			}
+			c.heard(now, sent)
+		}
+	}
+	s.rep.mu.Unlock()
 	s.route(remote, func(u *unitCounts, sl []crdt.Slot) { u.remote.Join(sl...) }, false)
 }
 

@@ -43,7 +43,7 @@ func exchange(stores ...*Memory) {
 		d := from.Delta()
 		for j, to := range stores {
 			if i != j {
-				to.Apply(d)
+				to.Apply(0, d)
 			}
 		}
 	}
@@ -177,9 +177,9 @@ func TestApplyBatch(t *testing.T) {
 	}
 	one, all := NewMemory(MemoryConfig{Replica: "self"}), NewMemory(MemoryConfig{Replica: "self"})
 	for i := range batch {
-		one.Apply(batch[i : i+1])
+		one.Apply(0, batch[i:i+1])
 	}
-	all.Apply(batch)
+	all.Apply(0, batch)
 	a, b := one.Remote(), all.Remote()
 	if len(a) == 0 || !slices.Equal(a, b) {
 		t.Fatalf("applied in one batch: %d remote slots; one by one: %d (or different ones)", len(b), len(a))

@@ -1,0 +1,179 @@
+package store
+
+import (
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/crdt"
+	"github.com/edgelimit/edgelimit/pop/limit"
+	"github.com/edgelimit/edgelimit/pop/limit/limittest"
+	"github.com/edgelimit/edgelimit/pop/rules"
+)
+
+// TestExtrapolation drives a store that hears from replica "b" every 100 ms,
+// each message 50 ms old on arrival, with b counting 10 hits a second of a
+// 100-per-minute key, and checks what the store counts of b at fixed instants.
+func TestExtrapolation(t *testing.T) {
+	ms := int64(time.Millisecond)
+	w := int64(time.Minute)
+	t0 := limittest.T0.Add(30 * time.Second).UnixNano() // half way through a window
+	it := replItem("x", 100, limit.ScopeGlobal)
+	start := limit.WindowStart(t0, w)
+	key := string(it.Key)
+
+	newStore := func(extrapolate bool) *Memory {
+		s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: extrapolate})
+		// b's count: 10 a second since the window began, stamped at t0−100ms
+		// and t0 and applied 50 ms later.
+		for _, sent := range []int64{t0 - 100*ms, t0} {
+			n := uint64((sent - start) / int64(time.Second) * 10)
+			s.ApplyAt(sent+50*ms, sent, []crdt.Slot{{Key: key, Window: start, Replica: "b", Count: n}})
+		}
+		return s
+	}
+	heard := float64((t0 - start) / int64(time.Second) * 10) // 300
+	cases := []struct {
+		name string
+		now  int64
+		want float64 // hits of b counted beyond what was heard
+	}{
+		// b's rate over the window is 300 / 60 s = 5 a second (its sliding
+		// count: no previous window), times the age of what we hold.
+		{"on arrival: 50 ms old", t0 + 50*ms, 5 * 0.05},
+		{"100 ms later: 150 ms old", t0 + 150*ms, 5 * 0.15},
+		{"capped at one gap past the lag", t0 + 5*int64(time.Second), 5 * 0.15},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			for _, on := range []bool{true, false} {
+				s := newStore(on)
+				s.rep.mu.Lock()
+				st := s.rep.state(&it, c.now)
+				s.rep.mu.Unlock()
+				if st.Cur != int64(heard) {
+					t.Fatalf("extrapolate=%v: Cur = %d, want the %v heard", on, st.Cur, heard)
+				}
+				want := c.want
+				if !on {
+					want = 0
+				}
+				if d := st.Unheard - want; d > 1e-6 || d < -1e-6 {
+					t.Fatalf("extrapolate=%v: Unheard = %v, want %v", on, st.Unheard, want)
+				}
+			}
+		})
+	}
+}
+
+// TestExtrapolationDenies shows the point of it: a check that would fit on
+// what was heard is denied once what the other replica probably admitted
+// since is counted.
+func TestExtrapolationDenies(t *testing.T) {
+	ms := int64(time.Millisecond)
+	w := int64(time.Second)
+	l := &rules.Limit{Domain: "d", Unit: rules.Second, Scope: limit.ScopeGlobal,
+		Spec: limit.Spec{Algorithm: limit.SlidingWindow, Limit: 100, Window: w}}
+	it := limit.Item{Key: l.AppendKey(nil, []rules.Entry{{Key: "k", Value: "y"}}), Spec: l.Spec, Scope: l.Scope}
+	t0 := limittest.T0.Add(10*time.Second + 900*time.Millisecond).UnixNano()
+	start := limit.WindowStart(t0, w)
+	for _, on := range []bool{false, true} {
+		s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: on})
+		// b counted 80 in this window, as of 100 ms ago (it flushes every
+		// 100 ms and its messages take 50 ms).
+		s.ApplyAt(t0-200*ms+50*ms, t0-200*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 70}})
+		s.ApplyAt(t0-100*ms+50*ms, t0-100*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 80}})
+		got := admit(t, s, t0, it, 20)
+		// Heard: 80, so 20 fit. Extrapolated: b's 80 hits over the last
+		// second are 80 a second, times the 100 ms age of what we hold
+		// (50 ms on the way, 50 ms since), is 8 more: 12 fit.
+		want := 20
+		if on {
+			want = 12
+		}
+		if got != want {
+			t.Errorf("extrapolate=%v: admitted %d of 20, want %d", on, got, want)
+		}
+	}
+}
+
+// TestUrgent checks that an admitted hit of a replicated limit signals
+// Urgent, and that a denied one, or one of a pop-scope limit, does not.
+func TestUrgent(t *testing.T) {
+	now := limittest.T0.UnixNano()
+	urgent := func(s *Memory) bool {
+		select {
+		case <-s.Urgent():
+			return true
+		default:
+			return false
+		}
+	}
+	s := NewMemory(MemoryConfig{Replica: "a"})
+	it := replItem("u", 1, limit.ScopeGlobal)
+	if admit(t, s, now, it, 1) != 1 || !urgent(s) {
+		t.Fatal("an admitted global hit did not signal Urgent")
+	}
+	if admit(t, s, now, it, 1) != 0 || urgent(s) {
+		t.Fatal("a denied hit signalled Urgent")
+	}
+	pop := NewMemory(MemoryConfig{Replica: "a"})
+	admit(t, pop, now, replItem("p", 10, limit.ScopePOP), 10)
+	if urgent(pop) {
+		t.Fatal("a pop-scope limit signalled Urgent: it replicates nothing")
+	}
+}
+
+// TestExtrapolationMirror checks the estimate of a PoP that admits the key
+// itself: the other replica, seeing the same room, admitted what this PoP
+// admitted in the time it has not heard from it, in proportion to their
+// parts of the traffic.
+func TestExtrapolationMirror(t *testing.T) {
+	ms := int64(time.Millisecond)
+	w := int64(time.Second)
+	l := &rules.Limit{Domain: "d", Unit: rules.Second, Scope: limit.ScopeGlobal,
+		Spec: limit.Spec{Algorithm: limit.SlidingWindow, Limit: 120, Window: w}}
+	it := limit.Item{Key: l.AppendKey(nil, []rules.Entry{{Key: "k", Value: "m"}}), Spec: l.Spec, Scope: l.Scope}
+	t0 := limittest.T0.Add(10*time.Second + 900*time.Millisecond).UnixNano()
+	start := limit.WindowStart(t0, w)
+	s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+	// b: 45 hits, as of 100 ms ago (messages every 100 ms, 50 ms on the way).
+	s.ApplyAt(t0-150*ms, t0-200*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 40}})
+	s.ApplyAt(t0-50*ms, t0-100*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 45}})
+	// a: 45 hits long before, then 10 within the last 100 ms.
+	if n := admit(t, s, t0-500*ms, it, 45); n != 45 {
+		t.Fatalf("admitted %d of the first 45", n)
+	}
+	if n := admit(t, s, t0-10*ms, it, 10); n != 10 {
+		t.Fatalf("admitted %d of the next 10", n)
+	}
+	s.rep.mu.Lock()
+	st := s.rep.state(&it, t0)
+	s.rep.mu.Unlock()
+	// b's part equals a's (45 against 45 before the last 100 ms), so b
+	// admitted as a did since: 10. Its rate over the window would say 4.5.
+	if d := st.Unheard - 10; d > 1e-9 || d < -1e-9 {
+		t.Fatalf("Unheard = %v, want 10", st.Unheard)
+	}
+}
+
+// TestAheadClock checks that hits a replica with a fast clock counted in the
+// next window already weigh in the current one.
+func TestAheadClock(t *testing.T) {
+	it := replItem("f", 100, limit.ScopeGlobal)
+	now := limittest.T0.Add(30 * time.Second).UnixNano()
+	start := limit.WindowStart(now, it.Spec.Window)
+	for _, on := range []bool{false, true} {
+		s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: on})
+		s.ApplyAt(now, 0, []crdt.Slot{{Key: string(it.Key), Window: start + it.Spec.Window, Replica: "b", Count: 30}})
+		s.rep.mu.Lock()
+		st := s.rep.state(&it, now)
+		s.rep.mu.Unlock()
+		want := int64(0)
+		if on {
+			want = 30
+		}
+		if st.Cur != want {
+			t.Errorf("extrapolate=%v: Cur = %d, want %d", on, st.Cur, want)
+		}
+	}
+}

@@ -1,0 +1,88 @@
+package core
+
+import (
+	"github.com/edgelimit/edgelimit/crdt"
+	"slices"
+
+	"github.com/edgelimit/edgelimit/region"
+)
+
+// Step hands the core a message another PoP sent, received at now (unix
+// ns), decoded and checked by the driver. Messages of this PoP are ignored.
+// Deltas and snapshots come back as Ready.Apply; bits too, once filtered
+// (region.AcceptBit); a beacon updates reachability, and when its sender is
+// new or one of its beacons went missing (a link dropped, the sender
+// restarted) the next flush also publishes a snapshot.
+func (c *Core) Step(now int64, m Message) {
+	if m.POP == c.cfg.POP {
+		return
+	}
+	switch m.Kind {
+	case Hello:
+		last, known := c.heard[m.POP]
+		c.heard[m.POP] = m.Seq
+		if !known || m.Seq != last+1 {
+			c.snapshotWanted = true
+		}
+		c.reach.Heard(m.Region, now)
+		c.review(now)
+	case Delta:
+		if len(m.Slots) > 0 {
+			c.rd.Apply = append(c.rd.Apply, Apply{Kind: Delta, Region: m.Region, POP: m.POP, Sent: m.Sent, Slots: m.Slots})
+		}
+	case Snapshot, BitsBatch:
+		a := Apply{Kind: m.Kind, Region: m.Region, POP: m.POP, Sent: m.Sent, Slots: m.Slots}
+		if m.Kind == BitsBatch {
+			a.Slots = nil
+		}
+		a.Bits, a.Issued = c.filterBits(now, m)
+		if len(a.Slots) > 0 || len(a.Bits) > 0 {
+			c.rd.Apply = append(c.rd.Apply, a)
+		}
+	}
+}
+
+// filterBits returns the bits of m this PoP takes, and for a bits batch
+// their issue times; it counts the others in Ready.DroppedBits. Without Bits
+// it takes none and counts none.
+func (c *Core) filterBits(now int64, m Message) ([]crdt.Bit, []int64) {
+	if c.cfg.Bits == nil || len(m.Bits) == 0 {
+		return nil, nil
+	}
+	keep := make([]crdt.Bit, 0, len(m.Bits))
+	var issued []int64
+	for i, b := range m.Bits {
+		if why, ok := region.AcceptBit(c.cfg.Region, c.cfg.POP, m.Region, b, now); !ok {
+			c.rd.DroppedBits[why]++
+			continue
+		}
+		keep = append(keep, b)
+		if m.Kind == BitsBatch {
+			at := m.Sent
+			if i < len(m.Issued) {
+				at = m.Issued[i]
+			}
+			issued = append(issued, at)
+		}
+	}
+	return keep, issued
+}
+
+// review works out, at now, which regions are cut off and the share of
+// global limits that follows, and reports changes in the Ready.
+func (c *Core) review(now int64) {
+	c.reviewed = now
+	if !c.multiRegion() {
+		return
+	}
+	cut := c.reach.Unreachable(now, int64(c.cfg.UnreachableAfter))
+	if slices.Equal(cut, c.unreachable) {
+		return
+	}
+	c.unreachable = cut
+	c.rd.Unreachable, c.rd.UnreachableChanged = cut, true
+	if share := c.reach.ShareOf(cut, c.cfg.PartitionShare); share != c.share {
+		c.share = share
+		c.rd.Share = share
+	}
+}

@@ -1,0 +1,202 @@
+package replication
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// StreamConfig returns the configuration of the region's stream: its own
+// subjects, MaxAge, duplicate window, and a source for every other region of
+// the topology, filtered to that region's own subjects.
+func (r *Replicator) StreamConfig() jetstream.StreamConfig {
+	c := r.cfg
+	sc := jetstream.StreamConfig{
+		Name:        r.stream,
+		Description: "edgelimit delta batches and snapshots of region " + c.Region + " and, sourced, of every other region",
+		Subjects:    []string{subjectRoot + "." + c.Region + ".>"},
+		Retention:   jetstream.LimitsPolicy,
+		Discard:     jetstream.DiscardOld,
+		MaxAge:      c.MaxAge,
+		Duplicates:  min(c.MaxAge, 2*time.Minute),
+		Storage:     c.Storage,
+		Replicas:    c.Replicas,
+	}
+	if c.Placement {
+		sc.Placement = &jetstream.Placement{Cluster: c.Region}
+	}
+	for _, other := range slices.Sorted(maps.Keys(c.Topology.Regions)) {
+		if other == c.Region {
+			continue
+		}
+		sc.Sources = append(sc.Sources, &jetstream.StreamSource{
+			Name:          StreamName(other),
+			FilterSubject: subjectRoot + "." + other + ".>",
+			Domain:        c.Domains[other],
+		})
+	}
+	return sc
+}
+
+// subscribe starts the core NATS subscriptions: presence beacons, and other
+// regions' snapshots straight off their subjects.
+func (r *Replicator) subscribe() ([]*nats.Subscription, error) {
+	hello, err := r.cfg.Conn.Subscribe(subjectRoot+"."+helloToken+".*.*", r.onHello)
+	if err != nil {
+		return nil, fmt.Errorf("replication: subscribe to presence beacons: %w", err)
+	}
+	snaps, err := r.cfg.Conn.Subscribe(subjectRoot+".*."+kindSnapshot+".*", r.onDirectSnapshot)
+	if err != nil {
+		_ = hello.Unsubscribe()
+		return nil, fmt.Errorf("replication: subscribe to snapshots: %w", err)
+	}
+	// Snapshots can be large and come in bursts after a heal. Past this
+	// buffer the client drops some (a slow consumer); the stream path still
+	// brings them.
+	_ = snaps.SetPendingLimits(-1, 64<<20)
+	return []*nats.Subscription{hello, snaps}, nil
+}
+
+// setup ensures the region's stream and starts the ordered consumer on it,
+// retrying with backoff until it succeeds or ctx is done. It hands the
+// running consumer to the consumer channel.
+func (r *Replicator) setup(ctx context.Context, consumer chan<- jetstream.ConsumeContext) {
+	backoff := 100 * time.Millisecond
+	for {
+		cc, err := r.startConsumer(ctx)
+		if err == nil {
+			consumer <- cc
+			close(r.ready)
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		r.limit.log(r.log, logSetup, slog.LevelWarn, "replication: cannot set up stream consumer; retrying",
+			"stream", r.stream, "err", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+func (r *Replicator) startConsumer(ctx context.Context) (jetstream.ConsumeContext, error) {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	stream, err := r.js.CreateOrUpdateStream(rctx, r.StreamConfig())
+	if err != nil {
+		return nil, fmt.Errorf("replication: create or update stream %s: %w", r.stream, err)
+	}
+	occ := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
+	if start := r.cfg.StartSeq; start > 0 {
+		if last := stream.CachedInfo().State.LastSeq; start > last {
+			r.log.Warn("replication: resume position is past the end of the stream (was it recreated?); reading it all",
+				"stream", r.stream, "start_seq", start, "last_seq", last)
+		} else {
+			occ.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+			occ.OptStartSeq = start + 1
+		}
+	}
+	cons, err := r.js.OrderedConsumer(rctx, r.stream, occ)
+	if err != nil {
+		return nil, fmt.Errorf("replication: ordered consumer on %s: %w", r.stream, err)
+	}
+	cc, err := cons.Consume(r.onStreamMsg,
+		jetstream.PullMaxBytes(16*maxMessage),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			r.limit.log(r.log, logSetup, slog.LevelWarn, "replication: stream consumer", "stream", r.stream, "err", err)
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("replication: consume %s: %w", r.stream, err)
+	}
+	r.log.Info("replication: consuming stream", "stream", r.stream, "deliver", occ.DeliverPolicy.String(), "from_seq", occ.OptStartSeq)
+	return cc, nil
+}
+
+// watchSources checks the sources of the region's stream every sourceCheck.
+// While the source of another region is stalled (no activity, heartbeats
+// included, for sourceStale, or an error), it takes that region's delta
+// batches straight off their subjects, so counting across regions goes on
+// while the server retries the source, which after a long cut can take a
+// minute and more (see StartServer, "How regions are linked"). Once the source
+// is healthy again it leaves the batches to the stream. Batches that arrive
+// both ways are joined twice, which changes nothing.
+func (r *Replicator) watchSources(ctx context.Context) {
+	var others []string
+	for region := range r.cfg.Topology.Regions {
+		if region != r.cfg.Region {
+			others = append(others, region)
+		}
+	}
+	if len(others) == 0 {
+		return
+	}
+	direct := make(map[string][]*nats.Subscription)
+	unsubscribe := func(subs []*nats.Subscription) {
+		for _, sub := range subs {
+			_ = sub.Unsubscribe()
+		}
+	}
+	defer func() {
+		for _, subs := range direct {
+			unsubscribe(subs)
+		}
+	}()
+	tick := time.NewTicker(sourceCheck)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, sourceCheck)
+		stream, err := r.js.Stream(rctx, r.stream)
+		cancel()
+		if err != nil {
+			continue // no stream yet, or our own server is unreachable: nothing to learn
+		}
+		healthy := make(map[string]bool)
+		for _, si := range stream.CachedInfo().Sources {
+			healthy[si.Name] = si.Error == nil && si.Active >= 0 && si.Active < sourceStale
+		}
+		for _, region := range others {
+			subs := direct[region]
+			switch ok := healthy[StreamName(region)]; {
+			case !ok && subs == nil:
+				sub, err := r.cfg.Conn.Subscribe(subjectRoot+"."+region+"."+kindDelta+".*", r.onDirectDelta)
+				if err != nil {
+					r.limit.log(r.log, logSetup, slog.LevelWarn, "replication: cannot subscribe to a region's batches", "from_region", region, "err", err)
+					continue
+				}
+				_ = sub.SetPendingLimits(-1, 64<<20)
+				subs = []*nats.Subscription{sub}
+				if r.cfg.Bits != nil {
+					bsub, err := r.cfg.Conn.Subscribe(subjectRoot+"."+region+"."+kindBits+".*", r.onDirectBits)
+					if err != nil {
+						unsubscribe(subs)
+						r.limit.log(r.log, logSetup, slog.LevelWarn, "replication: cannot subscribe to a region's bits", "from_region", region, "err", err)
+						continue
+					}
+					subs = append(subs, bsub)
+				}
+				direct[region] = subs
+				r.log.Info("replication: stream sourcing from region stalled; taking its batches directly", "from_region", region)
+			case ok && subs != nil:
+				unsubscribe(subs)
+				delete(direct, region)
+				r.log.Info("replication: stream sourcing from region resumed", "from_region", region)
+			}
+		}
+		r.stalledSources.Store(int64(len(direct)))
+	}
+}
