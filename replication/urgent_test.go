@@ -67,4 +67,3 @@ func TestUrgentPublishesBeforeFlush(t *testing.T) {
 		t.Fatalf("urgent add took %v", took)
 	}
 }
-
