@@ -269,8 +269,34 @@ func TestMitigationDelayBound(t *testing.T) {
 	}
 	el, as := rep.Results[Edgelimit], rep.Results[AsyncSync]
 	if el.WorstOvershoot >= as.WorstOvershoot || el.Admitted >= as.Admitted {
-		t.Errorf("bits did not cut overshoot: edgelimit worst %d admitted %d, async-sync worst %d admitted %d",
+		t.Errorf("edgelimit (estimate, urgent deltas, bits) did not cut overshoot below the plain async-sync baseline: edgelimit worst %d admitted %d, async-sync worst %d admitted %d",
 			el.WorstOvershoot, el.Admitted, as.WorstOvershoot, as.Admitted)
+	}
+}
+
+// TestWorldScale runs world.yaml — 10 PoPs in 5 regions 60–150 ms apart, 1%
+// loss, a 5× sprayer of a 100/s global limit — and holds edgelimit to what
+// it measured when its estimate was built (README, "Global limits at world
+// scale"), and to no more false denials than one central store.
+func TestWorldScale(t *testing.T) {
+	sc := load(t, "world.yaml")
+	sc.Duration = 20 * time.Second
+	rep, out := table(t, sc)
+	t.Logf("\n%s", out)
+	el, as, ce := rep.Results[Edgelimit], rep.Results[AsyncSync], rep.Results[Centralized]
+	mean := func(r Result) float64 { return r.MeanWindowExcess / float64(rep.Limit) }
+	if mean(el) > 0.01 {
+		t.Errorf("edgelimit mean excess per window %.2f%% of the limit, want ≤ 1%%", 100*mean(el))
+	}
+	if worst := float64(el.WorstOvershoot) / float64(rep.Limit); worst > 0.20 {
+		t.Errorf("edgelimit worst overshoot %.0f%% of the limit, want ≤ 20%%", 100*worst)
+	}
+	if mean(el)*10 > mean(as) {
+		t.Errorf("edgelimit mean excess %.2f%% is not a tenth of async-sync's %.2f%%", 100*mean(el), 100*mean(as))
+	}
+	fdeny := func(r Result) float64 { return float64(r.FalseDenies) / float64(r.Decisions) }
+	if fdeny(el) > fdeny(ce)+0.01 {
+		t.Errorf("edgelimit false denials %.2f%%, centralized's %.2f%%: more than a point above", 100*fdeny(el), 100*fdeny(ce))
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/edgelimit/edgelimit/crdt"
 	"github.com/edgelimit/edgelimit/pop"
 	"github.com/edgelimit/edgelimit/pop/httpapi"
+	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/rules"
 	"github.com/edgelimit/edgelimit/pop/store"
 )
@@ -326,6 +327,16 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, counts Coun
 	memCfg := store.MemoryConfig{MaxKeys: cfg.MaxKeys}
 	if embedded {
 		memCfg.Replica, memCfg.RegionPeers, memCfg.Extrapolate = cfg.Replica, cfg.RegionPeers, cfg.Extrapolate
+		if cfg.Extrapolate && cfg.Replica != "" {
+			miss := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+				Name: "edgelimit_estimate_error_hits",
+				Help: "How far this PoP's estimate of another PoP's count of a key it admits near its limit (heard plus guessed since) " +
+					"was from the count that PoP then reported, in hits, by scope: positive overestimated (denied early), negative underestimated (overshoot).",
+				Buckets: []float64{-50, -20, -10, -5, -2, -1, -0.5, 0.5, 1, 2, 5, 10, 20, 50},
+			}, []string{"scope"})
+			reg.MustRegister(miss)
+			memCfg.EstimateMiss = func(scope limit.Scope, hits float64) { miss.WithLabelValues(scope.String()).Observe(hits) }
+		}
 	}
 	mem := store.NewMemory(memCfg)
 	registerMemory(reg, mem)

@@ -177,6 +177,15 @@ func KeyWindow(key string) (time.Duration, bool) {
 	return unitDurations[key[n-2]], true
 }
 
+// KeyScope returns the scope of a store key built by AppendKey, read from its
+// suffix, and false for a key AppendKey did not build.
+func KeyScope(key string) (limit.Scope, bool) {
+	if _, ok := KeyWindow(key); !ok {
+		return 0, false
+	}
+	return limit.Scope(key[len(key)-1]), true
+}
+
 func appendPart(dst []byte, s string) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(s)))
 	return append(dst, s...)

@@ -177,3 +177,39 @@ func TestAheadClock(t *testing.T) {
 		}
 	}
 }
+
+// TestEstimateMiss checks what EstimateMiss reports: the estimate of the
+// other replica's count (held plus guessed) against its report.
+func TestEstimateMiss(t *testing.T) {
+	ms := int64(time.Millisecond)
+	w := int64(time.Second)
+	l := &rules.Limit{Domain: "d", Unit: rules.Second, Scope: limit.ScopeGlobal,
+		Spec: limit.Spec{Algorithm: limit.SlidingWindow, Limit: 120, Window: w}}
+	it := limit.Item{Key: l.AppendKey(nil, []rules.Entry{{Key: "k", Value: "m"}}), Spec: l.Spec, Scope: l.Scope}
+	t0 := limittest.T0.Add(10*time.Second + 900*time.Millisecond).UnixNano()
+	start := limit.WindowStart(t0, w)
+	for _, c := range []struct {
+		reported uint64
+		want     float64
+	}{{55, 0}, {50, 5}, {60, -5}} {
+		var got []float64
+		var scopes []limit.Scope
+		s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true, EstimateMiss: func(sc limit.Scope, hits float64) {
+			scopes, got = append(scopes, sc), append(got, hits)
+		}})
+		// As in TestExtrapolationMirror: b held at 45, and a guesses b
+		// admitted 10 more since, as a did.
+		s.ApplyAt(t0-150*ms, t0-200*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 40}})
+		s.ApplyAt(t0-50*ms, t0-100*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 45}})
+		admit(t, s, t0-500*ms, it, 45)
+		admit(t, s, t0-10*ms, it, 10)
+		got, scopes = nil, nil // misses of the setup's own applies
+		s.ApplyAt(t0, t0-50*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: c.reported}})
+		if len(got) != 1 || scopes[0] != limit.ScopeGlobal {
+			t.Fatalf("reported %d: misses %v scopes %v, want one global", c.reported, got, scopes)
+		}
+		if d := got[0] - c.want; d > 1e-9 || d < -1e-9 {
+			t.Errorf("reported %d: miss %v, want %v", c.reported, got[0], c.want)
+		}
+	}
+}

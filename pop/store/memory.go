@@ -43,6 +43,13 @@ type MemoryConfig struct {
 	// since (limit.State.Unheard): each replica's recent rate times the age
 	// of its last message. Without it a check counts only what it heard.
 	Extrapolate bool
+	// EstimateMiss, when set with Extrapolate, is called (outside the
+	// store's locks) each time another PoP reports its count of a key this
+	// PoP is admitting near its limit: with the key's scope and how far
+	// this PoP's estimate of that count (what it had heard plus what it
+	// guessed since) was from the report, in hits; positive when it
+	// overestimated. It shows the estimator working in production.
+	EstimateMiss func(scope limit.Scope, hits float64)
 }
 
 // Memory is the embedded in-process counter store. It keeps one limit.State per
@@ -64,6 +71,7 @@ type Memory struct {
 	shards   [shardCount]shard
 	rep      *replicated // nil without a replica name
 	urgent   chan struct{}
+	onMiss   func(limit.Scope, float64)
 
 	evictedIdle atomic.Uint64
 	evictedLive atomic.Uint64
@@ -88,6 +96,9 @@ func NewMemory(cfg MemoryConfig) *Memory {
 	s := &Memory{seed: maphash.MakeSeed(), perShard: max(maxKeys/shardCount, 1), urgent: make(chan struct{}, 1)}
 	if cfg.Replica != "" {
 		s.rep = newReplicated(cfg.Replica, cfg.RegionPeers, cfg.Extrapolate)
+		if cfg.Extrapolate {
+			s.onMiss = cfg.EstimateMiss
+		}
 	}
 	for i := range s.shards {
 		s.shards[i].t.rng = uint64(i)*0x9E3779B97F4A7C15 | 1

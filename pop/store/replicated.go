@@ -205,24 +205,31 @@ func (r *replicated) unheard(u *unitCounts, key string, start, w, now int64, in 
 	}
 	extra := 0.0
 	for _, c := range reps {
-		clk := r.clocks[c.name]
-		if clk == nil {
-			continue
+		if clk := r.clocks[c.name]; clk != nil {
+			extra += clk.guess(c.cur, c.prev, start, w, now, rh, mine)
 		}
-		theirs := float64(c.prev)*weight + float64(c.cur) // its sliding count
-		age := clk.age(now)
-		if mine > 0 {
-			since := float64(rh.since(now - int64(age)))
-			if then := mine - since; then >= since {
-				extra += since * theirs / then
-				continue
-			}
-		}
-		rate := theirs / float64(w) // hits per ns
-		inCur := min(age, elapsed)
-		extra += rate*inCur + rate*(age-inCur)*weight
 	}
 	return extra
+}
+
+// guess is unheard's estimate for one replica whose news is c, with counts
+// cur and prev of key in the windows that start at start and start−w; rh
+// and mine are this PoP's recent hits of the key and its sliding count
+// (nil and 0 when it did not admit the key lately).
+func (c *replicaClock) guess(cur, prev uint64, start, w, now int64, rh *recentHits, mine float64) float64 {
+	elapsed := float64(now - start)
+	weight := (float64(w) - elapsed) / float64(w)
+	theirs := float64(prev)*weight + float64(cur) // its sliding count
+	age := c.age(now)
+	if mine > 0 {
+		since := float64(rh.since(now - int64(age)))
+		if then := mine - since; then >= since {
+			return since * theirs / then
+		}
+	}
+	rate := theirs / float64(w) // hits per ns
+	inCur := min(age, elapsed)
+	return rate*inCur + rate*(age-inCur)*weight
 }
 
 // add counts hits of item in the window st starts. Requires r.mu held.
@@ -420,7 +427,11 @@ func (s *Memory) ApplyAt(now, sent int64, remote []crdt.Slot) {
 	if s.rep == nil {
 		return
 	}
+	var misses []estimateMiss
 	s.rep.mu.Lock()
+	if s.onMiss != nil {
+		misses = s.rep.misses(remote, now)
+	}
 	last := ""
 	for i := range remote {
 		if name := remote[i].Replica; name != last && name != s.rep.self {
@@ -435,6 +446,59 @@ func (s *Memory) ApplyAt(now, sent int64, remote []crdt.Slot) {
 	}
 	s.rep.mu.Unlock()
 	s.route(remote, func(u *unitCounts, sl []crdt.Slot) { u.remote.Join(sl...) }, false)
+	for _, m := range misses {
+		s.onMiss(m.scope, m.hits)
+	}
+}
+
+// estimateMiss is how far this PoP's estimate of another replica's count of
+// a key was from the count the replica then reported.
+type estimateMiss struct {
+	scope limit.Scope
+	hits  float64 // estimate − reported: > 0 overestimated
+}
+
+// misses grades the estimate against remote, slots just received and not
+// yet joined: for each slot of the current window of a key this PoP
+// estimates closely (it admitted it lately, see add), what the PoP held of
+// the replica plus its guess of what the replica admitted since, against
+// what the replica reports. Requires r.mu held, and the replica clocks not
+// yet told of remote.
+func (r *replicated) misses(remote []crdt.Slot, now int64) []estimateMiss {
+	var out []estimateMiss
+	for i := range remote {
+		sl := &remote[i]
+		if sl.Replica == r.self {
+			continue
+		}
+		wd, ok := rules.KeyWindow(sl.Key)
+		if !ok {
+			continue
+		}
+		w := int64(wd)
+		u := r.units[w]
+		if u == nil || len(u.recent) == 0 {
+			continue
+		}
+		rh := u.recent[sl.Key]
+		clk := r.clocks[sl.Replica]
+		start := limit.WindowStart(now, w)
+		if rh == nil || clk == nil || sl.Window != start {
+			continue
+		}
+		scope, _ := rules.KeyScope(sl.Key)
+		elapsed := float64(now - start)
+		weight := (float64(w) - elapsed) / float64(w)
+		mine := float64(u.own.Count(sl.Key, start-w))*weight + float64(u.own.Count(sl.Key, start))
+		cur := u.remote.Replica(sl.Key, start, sl.Replica)
+		prev := u.remote.Replica(sl.Key, start-w, sl.Replica)
+		if sl.Count < cur {
+			continue // older news than what is held
+		}
+		est := float64(cur) + clk.guess(cur, prev, start, w, now, rh, mine)
+		out = append(out, estimateMiss{scope: scope, hits: est - float64(sl.Count)})
+	}
+	return out
 }
 
 func (s *Memory) route(slots []crdt.Slot, f func(*unitCounts, []crdt.Slot), own bool) {
