@@ -292,7 +292,17 @@ func (s Spec) peekSliding(st *State, now, hits int64) Decision {
 		d.RetryAfter = max(s.IdleAt(st)-now, 1)
 		return d
 	}
-	room := float64(s.Limit - hits) // est must fall to room; Unheard left out, see below
+	// RetryAfter rests on the counts heard only. Unheard is a guess at hits
+	// other replicas admitted that news will soon replace with their
+	// counts; a denial it alone makes is worth retrying at once, and must
+	// not become a mitigation bit that holds every PoP until the window
+	// ends on hits that may never show up.
+	heard := est - st.Unheard
+	if heard+float64(hits) <= float64(s.Limit)+tolerance {
+		d.RetryAfter = 1
+		return d
+	}
+	room := float64(s.Limit - hits) // est must fall to room
 	if float64(st.Cur) <= room && st.Prev > 0 {
 		// The previous window's share decays enough within this window:
 		// prev × (w − e)/w + cur ≤ room  ⇔  e ≥ w − (room − cur)·w/prev.
@@ -319,6 +329,10 @@ func (s Spec) peekFixed(st *State, now, hits int64) Decision {
 		return d
 	}
 	d.Remaining = max(s.Limit-cur, 0)
+	if st.Cur+hits <= s.Limit {
+		d.RetryAfter = 1 // denied on Unheard alone: see peekSliding
+		return d
+	}
 	// The next window: also for more hits than the limit, which never fit —
 	// a fresh window is as good as it gets.
 	d.RetryAfter = max(end-now, 1)

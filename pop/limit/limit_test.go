@@ -135,11 +135,22 @@ func TestUnheard(t *testing.T) {
 		if d.Allowed != c.allowed || d.Remaining != c.remaining {
 			t.Errorf("%v unheard %v: allowed %v remaining %d, want %v %d", c.alg, c.unheard, d.Allowed, d.Remaining, c.allowed, c.remaining)
 		}
-		if !d.Allowed && d.RetryAfter <= 0 {
-			t.Errorf("%v unheard %v: denied with RetryAfter %d", c.alg, c.unheard, d.RetryAfter)
+		if !d.Allowed && d.RetryAfter != 1 {
+			// What was heard fits: the denial rests on the guess alone.
+			t.Errorf("%v unheard %v: denied with RetryAfter %d, want 1", c.alg, c.unheard, d.RetryAfter)
 		}
 		if st.Unheard != c.unheard {
 			t.Errorf("%v: Take changed Unheard to %v", c.alg, st.Unheard)
+		}
+	}
+	// Over on what was heard: RetryAfter is the counts' own, Unheard or not.
+	for _, alg := range []Algorithm{SlidingWindow, FixedWindow} {
+		s := Spec{Algorithm: alg, Limit: 9, Window: w}
+		for _, unheard := range []float64{0, 3} {
+			st := State{Start: start, Cur: 9, Prev: 4, Unheard: unheard}
+			if d := s.Take(&st, start+w/2, 1); d.Allowed || d.RetryAfter < w/2 {
+				t.Errorf("%v unheard %v: allowed %v RetryAfter %d, want a denial until the next window", alg, unheard, d.Allowed, d.RetryAfter)
+			}
 		}
 	}
 }
