@@ -37,11 +37,12 @@ func TestExtrapolation(t *testing.T) {
 		now  int64
 		want float64 // hits of b counted beyond what was heard
 	}{
-		// b's rate over the window is 300 / 60 s = 5 a second (its sliding
-		// count: no previous window), times the age of what we hold.
-		{"on arrival: 50 ms old", t0 + 50*ms, 5 * 0.05},
-		{"100 ms later: 150 ms old", t0 + 150*ms, 5 * 0.15},
-		{"capped at one gap past the lag", t0 + 5*int64(time.Second), 5 * 0.15},
+		// b had none of the key in the previous window, so its rate is
+		// its count over this window up to its news: 300 in 30 s, 10 a
+		// second, times the age of what we hold.
+		{"on arrival: 50 ms old", t0 + 50*ms, 10 * 0.05},
+		{"100 ms later: 150 ms old", t0 + 150*ms, 10 * 0.15},
+		{"capped at one gap past the lag", t0 + 5*int64(time.Second), 10 * 0.15},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -83,12 +84,13 @@ func TestExtrapolationDenies(t *testing.T) {
 		s.ApplyAt(t0-200*ms+50*ms, t0-200*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 70}})
 		s.ApplyAt(t0-100*ms+50*ms, t0-100*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 80}})
 		got := admit(t, s, t0, it, 20)
-		// Heard: 80, so 20 fit. Extrapolated: b's 80 hits over the last
-		// second are 80 a second, times the 100 ms age of what we hold
-		// (50 ms on the way, 50 ms since), is 8 more: 12 fit.
+		// Heard: 80, so 20 fit. Extrapolated: b's 80 hits in the 800 ms
+		// of the window before its news are 100 a second, times the
+		// 100 ms age of what we hold (50 ms on the way, 50 ms since), is
+		// 10 more: 10 fit.
 		want := 20
 		if on {
-			want = 12
+			want = 10
 		}
 		if got != want {
 			t.Errorf("extrapolate=%v: admitted %d of 20, want %d", on, got, want)
@@ -211,5 +213,32 @@ func TestEstimateMiss(t *testing.T) {
 		if d := got[0] - c.want; d > 1e-9 || d < -1e-9 {
 			t.Errorf("reported %d: miss %v, want %v", c.reported, got[0], c.want)
 		}
+	}
+}
+
+// TestExtrapolationWindowRate: a replica that counted the key in the previous
+// window too is taken at its rate over a whole window, its sliding count.
+func TestExtrapolationWindowRate(t *testing.T) {
+	ms := int64(time.Millisecond)
+	it := replItem("r", 1000, limit.ScopeGlobal) // a minute window
+	w := it.Spec.Window
+	t0 := limittest.T0.Add(30 * time.Second).UnixNano() // half way through
+	start := limit.WindowStart(t0, w)
+	s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+	for _, sent := range []int64{t0 - 100*ms, t0} {
+		s.ApplyAt(sent+50*ms, sent, []crdt.Slot{
+			{Key: string(it.Key), Window: start - w, Replica: "b", Count: 600},
+			{Key: string(it.Key), Window: start, Replica: "b", Count: 300},
+		})
+	}
+	s.rep.mu.Lock()
+	st := s.rep.state(&it, t0+50*ms)
+	s.rep.mu.Unlock()
+	// Sliding count at 30.05 s: 600 × (29.95/60) + 300 ≈ 599.5 over 60 s,
+	// about 10 a second, times 50 ms.
+	weight := float64(w-(t0+50*ms-start)) / float64(w)
+	want := (600*weight + 300) / float64(w) * float64(50*ms)
+	if d := st.Unheard - want; d > 1e-9 || d < -1e-9 {
+		t.Fatalf("Unheard = %v, want %v", st.Unheard, want)
 	}
 }

@@ -173,8 +173,9 @@ func (r *replicated) state(it *limit.Item, now int64) limit.State {
 //     once — after a window rolls, a burst, a partition heals — where a rate
 //     measured over the window lags a whole window behind and lets every PoP
 //     take the same room.
-//   - Otherwise, by its rate over the last window (its sliding count over the
-//     window length).
+//   - Otherwise, by its rate: its sliding count over the window length, or,
+//     when it had none of the key in the previous window, its count over the
+//     part of this window before its news.
 //
 // The part of the age before the window began weighs as the previous window
 // does. Requires r.mu held.
@@ -226,6 +227,13 @@ func (c *replicaClock) guess(cur, prev uint64, start, w, now int64, rh *recentHi
 		if then := mine - since; then >= since {
 			return since * theirs / then
 		}
+	}
+	if then := float64(c.recv) - c.lag - float64(start); prev == 0 && then > 0 {
+		// The replica had none of the key in the previous window: its rate
+		// is its count over the part of this window before its news, not
+		// over a whole window (which a key that just began, a sprayer's
+		// first second above all, is far from having run).
+		return float64(cur) / max(then, c.gap) * age
 	}
 	rate := theirs / float64(w) // hits per ns
 	inCur := min(age, elapsed)
