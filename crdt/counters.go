@@ -259,13 +259,23 @@ func (c *Counters) intern(r string) uint32 {
 	return id
 }
 
-// lookup returns the counts of (key, window) and their window, or nil.
-func (c *Counters) lookup(key string, window int64) (*counts, *window[counts]) {
+// KeyHash is a key as one Counters or Local hashes it. Made once with Key,
+// it spares hashing the key again for every window looked up (a check reads
+// the current, the previous and the next window); it is valid only with the
+// Counters or Local that made it.
+type KeyHash uint64
+
+// Key returns key's KeyHash for c.
+func (c *Counters) Key(key string) KeyHash { return KeyHash(c.hash.string(key)) }
+
+// lookup returns the counts of the key hashed h in window and their window,
+// or nil.
+func (c *Counters) lookup(h KeyHash, window int64) (*counts, *window[counts]) {
 	wt := c.windows.get(window)
 	if wt == nil {
 		return nil, nil
 	}
-	i := wt.find(c.hash.string(key))
+	i := wt.find(uint64(h))
 	if i < 0 {
 		return nil, nil
 	}
@@ -277,7 +287,12 @@ func (c *Counters) lookup(key string, window int64) (*counts, *window[counts]) {
 // math.MaxUint64 instead of wrapping. It allocates nothing and costs one call
 // of in per replica that has counted the key in the window.
 func (c *Counters) Total(key string, window int64, in func(replica string) bool) uint64 {
-	e, wt := c.lookup(key, window)
+	return c.TotalOf(c.Key(key), window, in)
+}
+
+// TotalOf is Total of the key hashed k.
+func (c *Counters) TotalOf(k KeyHash, window int64, in func(replica string) bool) uint64 {
+	e, wt := c.lookup(k, window)
 	if e == nil {
 		return 0
 	}
@@ -296,7 +311,12 @@ func (c *Counters) Total(key string, window int64, in func(replica string) bool)
 // Each calls f with every replica's count for (key, window) that in accepts
 // (nil accepts every replica). It allocates nothing.
 func (c *Counters) Each(key string, window int64, in func(replica string) bool, f func(replica string, n uint64)) {
-	e, wt := c.lookup(key, window)
+	c.EachOf(c.Key(key), window, in, f)
+}
+
+// EachOf is Each of the key hashed k.
+func (c *Counters) EachOf(k KeyHash, window int64, in func(replica string) bool, f func(replica string, n uint64)) {
+	e, wt := c.lookup(k, window)
 	if e == nil {
 		return
 	}
@@ -318,7 +338,7 @@ func (c *Counters) Replica(key string, window int64, replica string) uint64 {
 	if !ok {
 		return 0
 	}
-	e, wt := c.lookup(key, window)
+	e, wt := c.lookup(c.Key(key), window)
 	switch {
 	case e == nil:
 		return 0

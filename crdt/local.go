@@ -144,11 +144,19 @@ func (l *Local) add(wt *window[own], i int, n uint64) uint64 {
 
 // Count returns this replica's count for (key, window), zero if none.
 func (l *Local) Count(key string, window int64) uint64 {
+	return l.CountOf(l.Key(key), window)
+}
+
+// Key returns key's KeyHash for l.
+func (l *Local) Key(key string) KeyHash { return KeyHash(l.hash.string(key)) }
+
+// CountOf is Count of the key hashed k.
+func (l *Local) CountOf(k KeyHash, window int64) uint64 {
 	wt := l.windows.get(window)
 	if wt == nil {
 		return 0
 	}
-	if i := wt.find(l.hash.string(key)); i >= 0 {
+	if i := wt.find(uint64(k)); i >= 0 {
 		return wt.table.slots[i].v.n
 	}
 	return 0

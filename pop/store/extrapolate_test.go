@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -240,5 +241,50 @@ func TestExtrapolationWindowRate(t *testing.T) {
 	want := (600*weight + 300) / float64(w) * float64(50*ms)
 	if d := st.Unheard - want; d > 1e-9 || d < -1e-9 {
 		t.Fatalf("Unheard = %v, want %v", st.Unheard, want)
+	}
+}
+
+// BenchmarkReplicatedCheck is one check of a global limit that three other
+// replicas count too, with and without the estimate of their unheard hits,
+// far from the limit and near it (where the estimate also remembers this
+// PoP's recent admissions).
+func BenchmarkReplicatedCheck(b *testing.B) {
+	now := limittest.T0.Add(30 * time.Second).UnixNano()
+	for _, extrapolate := range []bool{false, true} {
+		for _, near := range []bool{false, true} {
+			name := "plain"
+			if extrapolate {
+				name = "extrapolate"
+			}
+			if near {
+				name += "/near"
+			} else {
+				name += "/far"
+			}
+			b.Run(name, func(b *testing.B) {
+				limitN := int64(1 << 40)
+				if near {
+					limitN = 1 << 20 // the others' counts below make it near
+				}
+				it := replItem("bench", limitN, limit.ScopeGlobal)
+				start := limit.WindowStart(now, it.Spec.Window)
+				s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: extrapolate})
+				for i, r := range []string{"b", "c", "d"} {
+					n := uint64(1<<18) + uint64(i)
+					s.ApplyAt(now-int64(100*time.Millisecond), now-int64(150*time.Millisecond), []crdt.Slot{
+						{Key: string(it.Key), Window: start, Replica: r, Count: n},
+						{Key: string(it.Key), Window: start - it.Spec.Window, Replica: r, Count: n},
+					})
+				}
+				items := []limit.Item{it}
+				out := make([]limit.Decision, 1)
+				ctx := context.Background()
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := range b.N {
+					_ = s.CheckAt(ctx, now+int64(i), 1, items, out)
+				}
+			})
+		}
 	}
 }
