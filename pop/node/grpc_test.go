@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -55,12 +54,7 @@ func TestRunServesGRPC(t *testing.T) {
 	if resp, err = rls.ShouldRateLimit(ctx, req); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Fatalf("third check over gRPC: %v %v", resp, err)
 	}
-	m, err := http.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(m.Body)
-	m.Body.Close()
+	body := metricsText(t, base)
 	for _, want := range []string{`edgelimit_grpc_requests_total{code="OK",method="ShouldRateLimit"} 2`, `edgelimit_check_duration_seconds_count{api="grpc"} 2`} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %s", want)
