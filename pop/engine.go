@@ -33,9 +33,35 @@ const (
 	MaxHits = 1 << 20
 )
 
-// Descriptor is one descriptor of a request: an ordered list of entries.
+// Descriptor is one descriptor of a request: an ordered list of entries and,
+// as in Envoy's RateLimitDescriptor, an optional hits_addend and limit of its
+// own.
 type Descriptor struct {
 	Entries []rules.Entry `json:"entries"`
+	// HitsAddend, when set, is how many hits this descriptor counts in place
+	// of the request's HitsAddend. Zero is a check that counts nothing: the
+	// status says whether one more hit would fit now (Envoy's "check only").
+	HitsAddend *int64 `json:"hits_addend,omitempty"`
+	// Limit, when set, replaces the limits the descriptor matches, for this
+	// request only (Envoy's RateLimitDescriptor.limit). See Override.
+	Limit *Override `json:"limit,omitempty"`
+}
+
+// Override is a request's own limit for one descriptor, Envoy's
+// RateLimitDescriptor.RateLimitOverride. It replaces every limit the
+// descriptor matches with one limit of RequestsPerUnit per Unit, counted as
+// the first matched limit counts (algorithm, scope; burst becomes the new
+// limit) and never in shadow mode, as Envoy's ratelimit does. The store key is
+// the matched limit's own key for the override's unit, so an override with the
+// rule's unit counts on the rule's counts, and one with another unit counts on
+// its own (the store needs one window per key). A descriptor that matches no
+// limit, or an unlimited one, of a known domain is limited by the override
+// alone, counted with the sliding window at PoP scope under the policy name
+// "override". An override never issues mitigation bits: its quota is the
+// caller's, not the operator's.
+type Override struct {
+	RequestsPerUnit int64      `json:"requests_per_unit"`
+	Unit            rules.Unit `json:"unit"`
 }
 
 // Request is a rate limit check, the JSON mapping of Envoy's RateLimitRequest.
@@ -44,6 +70,15 @@ type Request struct {
 	Descriptors []Descriptor `json:"descriptors"`
 	// HitsAddend is how many hits the request counts; 0 means 1, as in Envoy.
 	HitsAddend int64 `json:"hits_addend"`
+}
+
+// hits returns how many hits descriptor d counts in a request whose
+// hits_addend is reqHits: its own HitsAddend when set, else reqHits, 0 as 1.
+func (d *Descriptor) hits(reqHits int64) int64 {
+	if d.HitsAddend != nil {
+		return *d.HitsAddend
+	}
+	return max(reqHits, 1)
 }
 
 // RequestError reports a malformed request. Field names the offending part in
@@ -69,9 +104,8 @@ func (r *Request) Validate() error {
 		return &RequestError{"hits_addend", fmt.Sprintf("must be between 0 and %d, got %d", MaxHits, r.HitsAddend)}
 	}
 	for i, d := range r.Descriptors {
-		if len(d.Entries) == 0 {
-			return &RequestError{fmt.Sprintf("descriptors[%d].entries", i), "at least one entry is required"}
-		}
+		// A descriptor without entries matches nothing and is answered OK,
+		// as Envoy's ratelimit answers it.
 		if len(d.Entries) > MaxEntries {
 			return &RequestError{fmt.Sprintf("descriptors[%d].entries", i), fmt.Sprintf("%d entries, the limit is %d", len(d.Entries), MaxEntries)}
 		}
@@ -83,6 +117,17 @@ func (r *Request) Validate() error {
 				return &RequestError{fmt.Sprintf("descriptors[%d].entries[%d].key", i, j), fmt.Sprintf("is %d bytes, the limit is %d", len(e.Key), MaxKeyBytes)}
 			case len(e.Value) > MaxValueBytes:
 				return &RequestError{fmt.Sprintf("descriptors[%d].entries[%d].value", i, j), fmt.Sprintf("is %d bytes, the limit is %d", len(e.Value), MaxValueBytes)}
+			}
+		}
+		if h := d.HitsAddend; h != nil && (*h < 0 || *h > MaxHits) {
+			return &RequestError{fmt.Sprintf("descriptors[%d].hits_addend", i), fmt.Sprintf("must be between 0 and %d, got %d", MaxHits, *h)}
+		}
+		if o := d.Limit; o != nil {
+			if o.RequestsPerUnit < 0 || o.RequestsPerUnit > math.MaxUint32 {
+				return &RequestError{fmt.Sprintf("descriptors[%d].limit.requests_per_unit", i), fmt.Sprintf("must be between 0 and %d, got %d", uint32(math.MaxUint32), o.RequestsPerUnit)}
+			}
+			if o.Unit.Duration() <= 0 {
+				return &RequestError{fmt.Sprintf("descriptors[%d].limit.unit", i), fmt.Sprintf("unknown unit %d", o.Unit)}
 			}
 		}
 	}
@@ -211,6 +256,15 @@ type scratch struct {
 	limits  []*rules.Limit
 	owner   []int // descriptor index of each item
 	matched []int // descriptor index → first item, for statuses
+	// hits is what each item counts; 0 for an item only peeked at (see
+	// decide). override marks the items of a request's own limit.
+	hits     []int64
+	override []bool
+	// group* hold one hits group's items for the store (decideGroups).
+	groupIdx   []int
+	groupItems []limit.Item
+	groupOut   []limit.Decision
+	decided    []bool
 }
 
 // Check decides req at the wall-clock time. See CheckAt.
@@ -225,7 +279,6 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 	if err := req.Validate(); err != nil {
 		return err
 	}
-	hits := max(req.HitsAddend, 1)
 	set := e.rules.Load()
 	dom := set.Domain(req.Domain)
 
@@ -243,11 +296,22 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 	s := e.scratch.Get().(*scratch)
 	defer e.scratch.Put(s)
 	s.keys, s.ends, s.items, s.limits, s.owner = s.keys[:0], s.ends[:0], s.items[:0], s.limits[:0], s.owner[:0]
+	s.hits, s.override = s.hits[:0], s.override[:0]
 
 	for di := range req.Descriptors {
-		entries := req.Descriptors[di].Entries
+		d := &req.Descriptors[di]
+		entries := d.Entries
+		matched := dom.Match(entries)
+		if d.Limit != nil && len(entries) > 0 {
+			l, err := overrideLimit(dom, matched, d.Limit, di)
+			if err != nil {
+				return err
+			}
+			matched = []*rules.Limit{l}
+		}
+		hits := d.hits(req.HitsAddend)
 	limits:
-		for _, l := range dom.Match(entries) {
+		for _, l := range matched {
 			if l.Unlimited {
 				continue
 			}
@@ -263,6 +327,8 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 			s.ends = append(s.ends, len(s.keys))
 			s.limits = append(s.limits, l)
 			s.owner = append(s.owner, di)
+			s.hits = append(s.hits, hits)
+			s.override = append(s.override, d.Limit != nil)
 			if !l.Shadow {
 				res.Policies = append(res.Policies, l)
 			}
@@ -298,25 +364,27 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 			}
 		}
 	}
-	if err := e.store.CheckAt(ctx, nowNs, hits, s.items, s.out); err != nil {
+	admitted, err := e.decide(ctx, s, nowNs)
+	if err != nil {
 		if !errors.Is(err, context.Canceled) || ctx.Err() == nil { // a caller that left is no store error
 			e.metrics.storeError()
 		}
 		return fmt.Errorf("pop: store: %w", err)
 	}
-	admitted := limit.Admit(s.items, s.out)
 	if !admitted {
 		res.Code = OverLimit
 		// No bits while the region is cut off: a key over its reduced share
 		// is not over the limit once the link heals, and a bit would outlive
 		// the partition everywhere it travels.
-		if e.mit != nil && hits == 1 && share == 0 {
+		if e.mit != nil && share == 0 {
 			e.issue(s, nowNs)
 		}
 	}
 	for i, l := range s.limits {
 		d := s.out[i]
-		e.metrics.decision(l, d.Allowed, admitted)
+		if s.hits[i] > 0 { // a check that counts nothing is no decision
+			e.metrics.decision(l, d.Allowed, admitted)
+		}
 		if l.Shadow {
 			continue
 		}
@@ -340,6 +408,105 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 	return nil
 }
 
+// decide asks the store about s.items and writes s.out; it reports whether
+// the request is admitted. When every item counts the same hits — the common
+// case — that is one atomic store step, and a denied request spends nothing.
+// Otherwise see decideGroups.
+func (e *Engine) decide(ctx context.Context, s *scratch, nowNs int64) (bool, error) {
+	first := s.hits[0]
+	uniform := first > 0
+	for _, h := range s.hits[1:] {
+		uniform = uniform && h == first
+	}
+	if !uniform {
+		return e.decideGroups(ctx, s, nowNs)
+	}
+	if err := e.store.CheckAt(ctx, nowNs, first, s.items, s.out); err != nil {
+		return false, err
+	}
+	return limit.Admit(s.items, s.out), nil
+}
+
+// decideGroups decides items that count different hits (Envoy's
+// per-descriptor hits_addend): each group of items with the same hits is one
+// atomic store step. Items counting 0 hits go first and are only peeked at
+// (see peek); once a group denies the request, the groups after it are only
+// peeked at too, so they spend nothing — but a group decided before the
+// denial has spent its hits, as every descriptor does in Envoy's ratelimit.
+// The hits of peeked items become 0 in s.hits.
+func (e *Engine) decideGroups(ctx context.Context, s *scratch, nowNs int64) (bool, error) {
+	admitted := true
+	s.decided = append(s.decided[:0], make([]bool, len(s.items))...)
+	done := 0 // items decided so far
+	for pass := 0; done < len(s.items); pass++ {
+		// Pass 0 takes the 0-hit items, each later pass the hits of the
+		// first item not yet decided.
+		h := int64(0)
+		if pass > 0 {
+			for i, o := range s.hits {
+				if o > 0 && !s.decided[i] {
+					h = o
+					break
+				}
+			}
+		}
+		s.groupIdx, s.groupItems = s.groupIdx[:0], s.groupItems[:0]
+		for i := range s.items {
+			if s.hits[i] == h && !s.decided[i] {
+				s.groupIdx = append(s.groupIdx, i)
+				s.groupItems = append(s.groupItems, s.items[i])
+			}
+		}
+		if len(s.groupIdx) == 0 {
+			continue
+		}
+		peeking := h == 0 || !admitted
+		hits := h
+		if peeking {
+			hits = peekHits(s.groupItems)
+		}
+		s.groupOut = append(s.groupOut[:0], make([]limit.Decision, len(s.groupIdx))...)
+		if err := e.store.CheckAt(ctx, nowNs, hits, s.groupItems, s.groupOut); err != nil {
+			return false, err
+		}
+		for j, i := range s.groupIdx {
+			d := s.groupOut[j]
+			if peeking {
+				d = peek(d)
+				s.hits[i] = 0
+			}
+			s.out[i], s.decided[i] = d, true
+			if !d.Allowed && !s.items[i].Shadow {
+				admitted = false
+			}
+		}
+		done += len(s.groupIdx)
+	}
+	return admitted, nil
+}
+
+// peekHits is a number of hits none of items can ever admit. Stores spend
+// nothing on a denied request (limit.Decide), so checking that many hits is a
+// read: the decisions say how much room each limit has, and count nothing.
+func peekHits(items []limit.Item) int64 {
+	var most int64
+	for i := range items {
+		most = max(most, items[i].Spec.Limit, items[i].Spec.Capacity())
+	}
+	return most + 1
+}
+
+// peek turns the decision on peekHits into the answer of a check that counts
+// nothing: allowed when one more hit fits. RetryAfter of a peek that finds
+// no room is the time until the limit resets, an upper bound.
+func peek(d limit.Decision) limit.Decision {
+	p := limit.Decision{Allowed: d.Remaining > 0, Remaining: d.Remaining, Reset: d.Reset}
+	if !p.Allowed {
+		p.RetryAfter = max(d.Reset, 1)
+	}
+	return p
+}
+
 // mitigated writes the answer for a request denied by a mitigation bit on
 // limit l of descriptor di, without asking the store.
 func (e *Engine) mitigated(res *Result, l *rules.Limit, di int, wait time.Duration) {
@@ -352,11 +519,12 @@ func (e *Engine) mitigated(res *Result, l *rules.Limit, di int, wait time.Durati
 // single hit found over: with no room left, the key is over for any request
 // until RetryAfter (the time the sliding estimate falls back under the limit),
 // or for the rule's mitigation duration. A request for several hits can be
-// denied while one would fit, so only single hits issue bits.
+// denied while one would fit, so only single hits issue bits; a request's own
+// limit (Override) issues none.
 func (e *Engine) issue(s *scratch, nowNs int64) {
 	for i, l := range s.limits {
 		d := s.out[i]
-		if d.Allowed || l.Shadow || l.Scope == limit.ScopePOP || d.Remaining != 0 {
+		if d.Allowed || l.Shadow || l.Scope == limit.ScopePOP || d.Remaining != 0 || s.hits[i] != 1 || s.override[i] {
 			continue
 		}
 		until := nowNs + d.RetryAfter
@@ -410,4 +578,23 @@ func (d Descriptor) Describe() string {
 		b = append(b, e.Value...)
 	}
 	return string(b)
+}
+
+// overrideLimit is the limit a request's own Override sets for descriptor di
+// in domain dom, whose rule limits were matched; see Override.
+func overrideLimit(dom *rules.Domain, matched []*rules.Limit, o *Override, di int) (*rules.Limit, error) {
+	l := &rules.Limit{Name: "override", Domain: dom.Name, Path: "override"}
+	for _, m := range matched {
+		if !m.Unlimited {
+			*l = *m
+			break
+		}
+	}
+	l.Unit = o.Unit
+	l.Spec.Limit, l.Spec.Window, l.Spec.Burst = o.RequestsPerUnit, int64(o.Unit.Duration()), 0
+	l.Shadow, l.Unlimited, l.Mitigation = false, false, 0
+	if err := l.Spec.Validate(); err != nil {
+		return nil, &RequestError{fmt.Sprintf("descriptors[%d].limit", di), fmt.Sprintf("does not fit the matched %s limit: %v", l.Spec.Algorithm, err)}
+	}
+	return l, nil
 }

@@ -63,6 +63,7 @@ func runLoad(args []string, stdout io.Writer) error {
 	fs.IntVar(&keys, "keys", keys, "distinct values for uniform and zipf")
 	fs.Float64Var(&zipfS, "zipf-s", zipfS, "zipf exponent, > 1 (larger = more skewed)")
 	fs.IntVar(&cfg.Batch, "batch", 0, "checks per request to /v1/check/batch; 0 = single checks to /v1/check")
+	fs.StringVar(&cfg.GRPC, "grpc", "", "`host:port` of the PoP's gRPC rate limit service (--grpc-listen): send single-check ShouldRateLimit calls there instead of HTTP, one connection per --concurrency")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed for the value choice (runs are reproducible)")
 	fs.BoolVar(&asJSON, "json", false, "print the report as JSON instead of a table")
 	if err := fs.Parse(args); err != nil {
@@ -96,8 +97,12 @@ func runLoad(args []string, stdout io.Writer) error {
 		if cfg.Batch > 0 {
 			batch = fmt.Sprintf(", batch %d", cfg.Batch)
 		}
+		target := cfg.URL
+		if cfg.GRPC != "" {
+			target = "grpc://" + cfg.GRPC + " (ShouldRateLimit)"
+		}
 		_, err = fmt.Fprintf(stdout, "load %s: %d connections, dist %s%s\n%s",
-			cfg.URL, cfg.Concurrency, cfg.Dist, batch, rep)
+			target, cfg.Concurrency, cfg.Dist, batch, rep)
 		return err
 	}
 	enc := json.NewEncoder(stdout)

@@ -48,6 +48,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 		mitigationsEndpoint bool
 	)
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8080", "address of the HTTP API")
+	fs.StringVar(&cfg.GRPCListen, "grpc-listen", "", "`address` of Envoy's gRPC rate limit service (envoy.service.ratelimit.v3) and the gRPC health service (off when empty)")
 	fs.Var(&rules, "rules", "rule `files or directories` (comma-separated or repeated); YAML in Envoy ratelimit's format")
 	fs.DurationVar(&cfg.RulesInterval, "rules-interval", time.Second, "how often to check the rule files for changes")
 	fs.BoolVar(&cfg.AllowEmptyRules, "allow-empty-rules", false, "accept a rule set without limits (it admits every request); without it, an empty rule set\nfails to start and a reload to one fails and keeps the last good rules")

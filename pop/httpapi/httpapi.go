@@ -26,7 +26,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"os"
@@ -526,107 +525,14 @@ func (s *Server) checkFailed(w http.ResponseWriter, api string, err error) {
 }
 
 // seconds rounds d up to whole seconds, as headers carry them.
-func seconds(d time.Duration) int64 {
-	return int64(math.Ceil(d.Seconds()))
-}
+func seconds(d time.Duration) int64 { return pop.Seconds(d) }
 
-var (
-	hLimit     = http.CanonicalHeaderKey("X-RateLimit-Limit")
-	hRemaining = http.CanonicalHeaderKey("X-RateLimit-Remaining")
-	hReset     = http.CanonicalHeaderKey("X-RateLimit-Reset")
-	hPolicy    = http.CanonicalHeaderKey("RateLimit-Policy")
-	hRateLimit = http.CanonicalHeaderKey("RateLimit")
-	hRetry     = http.CanonicalHeaderKey("Retry-After")
-)
-
-// setHeaders writes the rate limit fields of res to h. t is the time until
-// reset when allowed and the time until the request would fit when denied, so
-// that Retry-After equals t and is never earlier. The values share one string
-// and one slice, two allocations for all the fields.
+// setHeaders writes the rate limit fields of res to h (pop.HeaderValues).
 func setHeaders(h http.Header, now time.Time, res *pop.Result) {
-	if res.Decisive < 0 {
-		return
+	vals := pop.HeaderValues(now, res)
+	for i := range vals {
+		h[pop.HeaderNames[i]] = vals[i : i+1 : i+1]
 	}
-	st := &res.Statuses[res.Decisive]
-	t := seconds(st.Reset)
-	denied := st.Code == pop.OverLimit
-	if denied {
-		t = max(seconds(st.RetryAfter), 1)
-	}
-	var buf [256]byte
-	b := buf[:0]
-	var ends [6]int
-	b = strconv.AppendInt(b, st.Limit.Spec.Limit, 10)
-	ends[0] = len(b)
-	b = strconv.AppendInt(b, st.Remaining, 10)
-	ends[1] = len(b)
-	b = strconv.AppendInt(b, now.Unix()+t, 10)
-	ends[2] = len(b)
-	for i, l := range res.Policies {
-		dup := false
-		for _, p := range res.Policies[:i] {
-			dup = dup || p.Name == l.Name
-		}
-		if dup {
-			continue
-		}
-		if len(b) > ends[2] {
-			b = append(b, ", "...)
-		}
-		b = appendPolicy(b, l.Name, l.Spec.Limit, seconds(l.Unit.Duration()))
-	}
-	ends[3] = len(b)
-	b = appendSFString(b, st.Limit.Name)
-	b = append(b, ";r="...)
-	b = strconv.AppendInt(b, st.Remaining, 10)
-	b = append(b, ";t="...)
-	b = strconv.AppendInt(b, t, 10)
-	ends[4] = len(b)
-	b = strconv.AppendInt(b, t, 10)
-	ends[5] = len(b)
-
-	all := string(b)
-	vals := make([]string, 6)
-	start := 0
-	for i, e := range ends {
-		vals[i] = all[start:e]
-		start = e
-	}
-	h[hLimit] = vals[0:1:1]
-	h[hRemaining] = vals[1:2:2]
-	h[hReset] = vals[2:3:3]
-	h[hPolicy] = vals[3:4:4]
-	h[hRateLimit] = vals[4:5:5]
-	if denied {
-		h[hRetry] = vals[5:6:6]
-	}
-}
-
-func appendPolicy(b []byte, name string, q, w int64) []byte {
-	b = appendSFString(b, name)
-	b = append(b, ";q="...)
-	b = strconv.AppendInt(b, q, 10)
-	b = append(b, ";w="...)
-	return strconv.AppendInt(b, w, 10)
-}
-
-// appendSFString appends s as a Structured Field string (RFC 9651 §3.3.3):
-// quoted, with '"' and '\' escaped; other non-printable bytes cannot appear in
-// one and are replaced by '?'.
-func appendSFString(b []byte, s string) []byte {
-	b = append(b, '"')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			b = append(b, '\\', c)
-		case c < 0x20 || c > 0x7e:
-			b = append(b, '?')
-		default:
-			b = append(b, c)
-		}
-	}
-	return append(b, '"')
 }
 
 // appendResult appends res as Envoy's RateLimitResponse JSON.
@@ -652,11 +558,7 @@ func appendResult(b []byte, res *pop.Result) []byte {
 			b = append(b, `"},"limit_remaining":`...)
 			b = strconv.AppendInt(b, st.Remaining, 10)
 			b = append(b, `,"duration_until_reset":"`...)
-			reset := st.Reset
-			if st.Code == pop.OverLimit {
-				reset = st.RetryAfter
-			}
-			b = strconv.AppendInt(b, seconds(reset), 10)
+			b = strconv.AppendInt(b, seconds(st.UntilReset()), 10)
 			b = append(b, `s"`...)
 		}
 		b = append(b, '}')

@@ -67,6 +67,10 @@ type Config struct {
 	ZipfS       float64       // Zipf exponent s > 1, default 1.1
 	Batch       int           // 0: single checks to /v1/check; N > 0: N checks per request to /v1/check/batch
 	Seed        uint64        // seeds value choice; worker i uses Seed+i, so runs are reproducible
+	// GRPC, when set, is the host:port of a PoP's gRPC rate limit service
+	// (--grpc-listen): each worker then sends single-check ShouldRateLimit
+	// calls on its own connection, and URL and Batch are unused.
+	GRPC string
 }
 
 // Limits on Config values, to catch typos before they exhaust the machine.
@@ -117,6 +121,12 @@ func (c Config) validate() (target, error) {
 		return target{}, fmt.Errorf("loadgen: ZipfS must be a finite number > 1, got %v", c.ZipfS)
 	case c.Batch < 0 || c.Batch > maxBatch:
 		return target{}, fmt.Errorf("loadgen: Batch must be in [0, %d], got %d", maxBatch, c.Batch)
+	}
+	if c.GRPC != "" {
+		if _, _, err := net.SplitHostPort(c.GRPC); err != nil || c.Batch != 0 {
+			return target{}, fmt.Errorf("loadgen: GRPC must be host:port and Batch 0, got %q and %d", c.GRPC, c.Batch)
+		}
+		return target{cfg: c, addr: c.GRPC}, nil
 	}
 	if c.URL == "" {
 		return target{}, fmt.Errorf("loadgen: URL is required, got %q", c.URL)

@@ -99,6 +99,9 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
+	if t.cfg.GRPC != "" {
+		return runGRPC(ctx, &t)
+	}
 	r := &run{t: t, dialer: net.Dialer{Timeout: dialTimeout}}
 	probe, err := r.dialer.DialContext(ctx, "tcp", t.addr)
 	if err != nil {
@@ -126,8 +129,11 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		r.halt(workers)
 		<-done
 	}
-	elapsed := time.Since(start)
+	return report(time.Since(start), workers), nil
+}
 
+// report sums the workers' counts into a Report.
+func report(elapsed time.Duration, workers []*worker) Report {
 	rep := Report{Elapsed: elapsed, Status: map[int]int64{}}
 	var h histogram
 	for _, w := range workers {
@@ -146,7 +152,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	}
 	rep.P50, rep.P99, rep.P999 = h.quantile(0.50), h.quantile(0.99), h.quantile(0.999)
 	rep.Max = time.Duration(h.max)
-	return rep, nil
+	return rep
 }
 
 // run is the state shared by a run's workers.

@@ -18,11 +18,7 @@ const (
 // from a generator seeded with Seed+idx. The returned slices share one buffer.
 func renderRing(t *target, idx int) [][]byte {
 	c := &t.cfg
-	rng := rand.New(rand.NewPCG(c.Seed+uint64(idx), 0x9e3779b97f4a7c15))
-	var zipf *rand.Zipf
-	if c.Dist == Zipf {
-		zipf = rand.NewZipf(rng, c.ZipfS, 1, uint64(c.Keys-1))
-	}
+	next := values(c, idx)
 	domain, _ := json.Marshal(c.Domain) // strings always marshal
 	key, _ := json.Marshal(c.Key)
 	checks := max(c.Batch, 1)
@@ -55,16 +51,7 @@ func renderRing(t *target, idx int) [][]byte {
 			body = append(body, `,"descriptors":[{"entries":[{"key":`...)
 			body = append(body, key...)
 			body = append(body, `,"value":"`...)
-			switch c.Dist {
-			case HotKey:
-				body = append(body, "hot"...)
-			case Uniform:
-				body = append(body, 'k')
-				body = strconv.AppendInt(body, int64(rng.IntN(c.Keys)), 10)
-			case Zipf:
-				body = append(body, 'k')
-				body = strconv.AppendUint(body, zipf.Uint64(), 10)
-			}
+			body = next(body)
 			body = append(body, `"}]}],"hits_addend":1}`...)
 		}
 		if c.Batch > 0 {
@@ -82,4 +69,24 @@ func renderRing(t *target, idx int) [][]byte {
 		ring[i] = buf[offs[i]:offs[i+1]:offs[i+1]]
 	}
 	return ring
+}
+
+// values returns the generator of worker idx's descriptor values: it appends
+// the next value to b — "hot", or "k" and a number drawn from the
+// distribution by a generator seeded with Seed+idx.
+func values(c *Config, idx int) func(b []byte) []byte {
+	rng := rand.New(rand.NewPCG(c.Seed+uint64(idx), 0x9e3779b97f4a7c15))
+	var zipf *rand.Zipf
+	if c.Dist == Zipf {
+		zipf = rand.NewZipf(rng, c.ZipfS, 1, uint64(c.Keys-1))
+	}
+	return func(b []byte) []byte {
+		switch c.Dist {
+		case Uniform:
+			return strconv.AppendInt(append(b, 'k'), int64(rng.IntN(c.Keys)), 10)
+		case Zipf:
+			return strconv.AppendUint(append(b, 'k'), zipf.Uint64(), 10)
+		}
+		return append(b, "hot"...)
+	}
 }

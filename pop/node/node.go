@@ -21,6 +21,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/crdt"
 	"github.com/edgelimit/edgelimit/pop"
+	"github.com/edgelimit/edgelimit/pop/grpcapi"
 	"github.com/edgelimit/edgelimit/pop/httpapi"
 	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/rules"
@@ -31,6 +32,9 @@ import (
 type Config struct {
 	// Listen is the HTTP API's address.
 	Listen string
+	// GRPCListen, when set, is the address of Envoy's gRPC rate limit
+	// service and the gRPC health service (grpcapi).
+	GRPCListen string
 	// Rules are rule files or directories of rule files.
 	Rules []string
 	// RulesInterval is how often rule files are polled for changes.
@@ -103,6 +107,9 @@ type Config struct {
 	Logger          *slog.Logger
 	// Ready, when set, receives the address the API listens on once it does.
 	Ready chan<- net.Addr
+	// GRPCReady, when set with GRPCListen, receives the address the gRPC
+	// service listens on once it does.
+	GRPCReady chan<- net.Addr
 }
 
 // DefaultReadTimeout is Config.ReadTimeout's default: how long a client may
@@ -172,6 +179,13 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("listen: %w", err)
 	}
 	defer ln.Close()
+	var grpcLn net.Listener
+	if cfg.GRPCListen != "" {
+		if grpcLn, err = net.Listen("tcp", cfg.GRPCListen); err != nil {
+			return fmt.Errorf("grpc listen: %w", err)
+		}
+		defer grpcLn.Close()
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -264,11 +278,29 @@ func Run(ctx context.Context, cfg Config) error {
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("PoP serving", "listen", ln.Addr().String(), "store", storeName(cfg.Store), "data", cfg.DataDir)
 	if cfg.Ready != nil {
 		cfg.Ready <- ln.Addr()
+	}
+
+	var gsrv *grpcapi.Server
+	if grpcLn != nil {
+		gsrv = grpcapi.New(grpcapi.Config{Engine: eng, Metrics: metrics, Requests: grpcapi.NewRequestCounter(reg), Logger: log})
+		// The rules loaded before serving; the health service follows the
+		// store's readiness, as /readyz does.
+		gsrv.SetServing(health.ready() == nil)
+		if ping != nil {
+			stop := make(chan struct{})
+			defer close(stop)
+			go every(time.Second, stop, func(int64) { gsrv.SetServing(health.ready() == nil) })
+		}
+		go func() { errc <- gsrv.Serve(grpcLn) }()
+		log.Info("gRPC rate limit service serving", "listen", grpcLn.Addr().String())
+		if cfg.GRPCReady != nil {
+			cfg.GRPCReady <- grpcLn.Addr()
+		}
 	}
 
 	if cfg.DebugListen != "" {
@@ -294,6 +326,15 @@ func Run(ctx context.Context, cfg Config) error {
 	log.Info("shutting down")
 	sctx, scancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer scancel()
+	grpcStopped := make(chan struct{})
+	if gsrv != nil {
+		// NOT_SERVING first, then the calls in flight finish: both APIs
+		// within the one shutdown timeout.
+		go func() { gsrv.Stop(sctx); close(grpcStopped) }()
+	} else {
+		close(grpcStopped)
+	}
+	defer func() { <-grpcStopped }()
 	if err := srv.Shutdown(sctx); err != nil {
 		// Requests still running (or clients still sending) after the
 		// timeout: close their connections rather than wait on them.

@@ -133,12 +133,7 @@ func TestRunWithRedisStore(t *testing.T) {
 			t.Fatalf("status %d, want %d", got, want)
 		}
 	}
-	resp, err := http.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	body := metricsText(t, base)
 	if !strings.Contains(string(body), "edgelimit_store_breaker_state 0") || !strings.Contains(string(body), "edgelimit_store_fallback_decisions_total 0") {
 		t.Fatalf("Redis did not decide the checks:\n%s", body)
 	}

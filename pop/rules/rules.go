@@ -56,8 +56,24 @@ func (u Unit) Upper() string {
 	return strings.ToUpper(u.String())
 }
 
-// Duration is the unit's window length.
-func (u Unit) Duration() time.Duration { return unitDurations[u] }
+// Duration is the unit's window length; 0 for a unit that does not exist.
+func (u Unit) Duration() time.Duration {
+	if int(u) < len(unitDurations) {
+		return unitDurations[u]
+	}
+	return 0
+}
+
+// UnmarshalText reads a unit name in either case (ParseUnit), so that JSON
+// carries units as Envoy's JSON mapping does ("MINUTE").
+func (u *Unit) UnmarshalText(b []byte) error {
+	v, err := ParseUnit(string(b))
+	if err != nil {
+		return err
+	}
+	*u = v
+	return nil
+}
 
 // ParseUnit accepts Envoy's unit names in either case.
 func ParseUnit(s string) (Unit, error) {

@@ -1,0 +1,292 @@
+// Package grpcapi is a PoP's gRPC interface, a peer of httpapi over the same
+// pop.Engine: Envoy's rate limit service,
+//
+//	envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
+//
+// as Envoy's rate limit filter (HTTP and network), Istio and Envoy Gateway
+// call it, and the standard gRPC health service (grpc.health.v1.Health),
+// SERVING while the PoP can answer checks and NOT_SERVING once it stops.
+//
+// A request maps onto pop.Request field for field — domain, descriptors and
+// their entries, the request's hits_addend (0 → 1), each descriptor's own
+// hits_addend (0 = check only) and limit override — and the answer carries
+// what /v1/check answers: overall_code, one status per descriptor
+// (current_limit, limit_remaining, duration_until_reset, whole seconds) and
+// the rate limit headers in response_headers_to_add (pop.HeaderValues).
+// Malformed requests get codes.InvalidArgument with a message naming the
+// field; a store that cannot decide gives codes.Unavailable; the caller's
+// deadline and cancellation reach the store through the context.
+//
+// It imports pop, grpc and Envoy's generated types (go-control-plane).
+package grpcapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/edgelimit/edgelimit/pop"
+	"github.com/edgelimit/edgelimit/pop/rules"
+)
+
+// ServiceName is the rate limit service's full name, as health checks name it.
+const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
+
+// Config configures a Server.
+type Config struct {
+	Engine *pop.Engine
+	// Metrics may be nil. Checks are observed as api "grpc".
+	Metrics *pop.Metrics
+	// Requests, when set, counts every call by method and gRPC code
+	// (edgelimit_grpc_requests_total); see NewRequestCounter.
+	Requests *RequestCounter
+	Logger   *slog.Logger
+	// Now reads the clock; nil means time.Now.
+	Now func() time.Time
+	// Options are extra grpc.ServerOptions (TLS credentials, keepalive).
+	Options []grpc.ServerOption
+}
+
+// Server serves the rate limit and health services. Its health starts
+// NOT_SERVING: call SetServing(true) once the PoP can answer checks. It is
+// safe for concurrent use.
+type Server struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	cfg    Config
+	grpc   *grpc.Server
+	health *health.Server
+	states sync.Pool // *state
+}
+
+// state is one call's reusable memory.
+type state struct {
+	req       pop.Request
+	res       pop.Result
+	entries   []rules.Entry
+	hits      []int64
+	overrides []pop.Override
+}
+
+// New returns a Server; serve it with Serve.
+func New(cfg Config) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	s := &Server{cfg: cfg, health: health.NewServer()}
+	s.states.New = func() any { return new(state) }
+	opts := append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(cfg.Requests.interceptor)}, cfg.Options...)
+	s.grpc = grpc.NewServer(opts...)
+	rlsv3.RegisterRateLimitServiceServer(s.grpc, s)
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	s.SetServing(false)
+	return s
+}
+
+// Serve serves on l until Stop; it returns nil after Stop.
+func (s *Server) Serve(l net.Listener) error {
+	if err := s.grpc.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return err
+	}
+	return nil
+}
+
+// SetServing sets the health of the server ("") and of ServiceName.
+func (s *Server) SetServing(ok bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ok {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.health.SetServingStatus("", st)
+	s.health.SetServingStatus(ServiceName, st)
+}
+
+// Stop reports NOT_SERVING to every health watcher, stops taking calls and
+// waits for the calls in flight to finish; when ctx ends first, it closes
+// the connections still open, cutting those calls off.
+func (s *Server) Stop(ctx context.Context) {
+	s.health.Shutdown() // NOT_SERVING, and it stays so
+	done := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.grpc.Stop()
+		<-done
+	}
+}
+
+// ShouldRateLimit implements Envoy's RateLimitService.
+func (s *Server) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	st := s.states.Get().(*state)
+	defer s.states.Put(st)
+	if err := st.decode(in); err != nil {
+		s.cfg.Metrics.BadRequest("grpc")
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	now := s.cfg.Now()
+	err := s.cfg.Engine.CheckAt(ctx, now, &st.req, &st.res)
+	s.cfg.Metrics.ObserveCheck("grpc", s.cfg.Now().Sub(now))
+	if err != nil {
+		return nil, s.checkFailed(ctx, err)
+	}
+	return response(now, &st.res), nil
+}
+
+// checkFailed maps the engine's error to a gRPC status.
+func (s *Server) checkFailed(ctx context.Context, err error) error {
+	var re *pop.RequestError
+	switch {
+	case errors.As(err, &re):
+		s.cfg.Metrics.BadRequest("grpc")
+		return status.Error(codes.InvalidArgument, re.Error())
+	case ctx.Err() != nil:
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	s.cfg.Logger.Error("check failed", "api", "grpc", "err", err)
+	return status.Error(codes.Unavailable, err.Error())
+}
+
+// decode maps in onto st.req, reusing st's memory. It rejects what pop's
+// Request cannot say or says differently, naming the field; the engine
+// checks the rest (pop.Request.Validate). The strings alias in's.
+func (st *state) decode(in *rlsv3.RateLimitRequest) error {
+	if !utf8.ValidString(in.GetDomain()) {
+		return &pop.RequestError{Field: "domain", Msg: "invalid UTF-8"}
+	}
+	r := &st.req
+	r.Domain, r.HitsAddend = in.GetDomain(), int64(in.GetHitsAddend())
+	ds := in.GetDescriptors()
+	n := 0
+	for _, d := range ds {
+		n += len(d.GetEntries())
+	}
+	st.entries = grow(st.entries, n)
+	st.hits = grow(st.hits, len(ds))
+	st.overrides = grow(st.overrides, len(ds))
+	r.Descriptors = grow(r.Descriptors, len(ds))
+	n = 0
+	for i, d := range ds {
+		pd := &r.Descriptors[i]
+		start := n
+		for j, e := range d.GetEntries() {
+			switch {
+			case !utf8.ValidString(e.GetKey()):
+				return &pop.RequestError{Field: fmt.Sprintf("descriptors[%d].entries[%d].key", i, j), Msg: "invalid UTF-8"}
+			case !utf8.ValidString(e.GetValue()):
+				return &pop.RequestError{Field: fmt.Sprintf("descriptors[%d].entries[%d].value", i, j), Msg: "invalid UTF-8"}
+			}
+			st.entries[n] = rules.Entry{Key: e.GetKey(), Value: e.GetValue()}
+			n++
+		}
+		pd.Entries = st.entries[start:n:n]
+		pd.HitsAddend, pd.Limit = nil, nil
+		if d.GetIsNegativeHits() {
+			return &pop.RequestError{Field: fmt.Sprintf("descriptors[%d].is_negative_hits", i), Msg: "is not supported: counts only grow (G-counters), so hits cannot be given back"}
+		}
+		if h := d.GetHitsAddend(); h != nil {
+			if h.GetValue() > pop.MaxHits {
+				return &pop.RequestError{Field: fmt.Sprintf("descriptors[%d].hits_addend", i), Msg: fmt.Sprintf("must be at most %d, got %d", pop.MaxHits, h.GetValue())}
+			}
+			st.hits[i] = int64(h.GetValue())
+			pd.HitsAddend = &st.hits[i]
+		}
+		if o := d.GetLimit(); o != nil {
+			u, err := unitOf(o.GetUnit())
+			if err != nil {
+				return &pop.RequestError{Field: fmt.Sprintf("descriptors[%d].limit.unit", i), Msg: err.Error()}
+			}
+			if m := o.GetUnitMultiplier(); m != nil && m.GetValue() != 1 {
+				return &pop.RequestError{Field: fmt.Sprintf("descriptors[%d].limit.unit_multiplier", i), Msg: fmt.Sprintf("is not supported (only 1), got %d", m.GetValue())}
+			}
+			st.overrides[i] = pop.Override{RequestsPerUnit: int64(o.GetRequestsPerUnit()), Unit: u}
+			pd.Limit = &st.overrides[i]
+		}
+	}
+	return nil
+}
+
+// grow returns s with length n, reusing its memory.
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// unitOf maps Envoy's unit to a rules.Unit.
+func unitOf(u typev3.RateLimitUnit) (rules.Unit, error) {
+	switch u {
+	case typev3.RateLimitUnit_SECOND:
+		return rules.Second, nil
+	case typev3.RateLimitUnit_MINUTE:
+		return rules.Minute, nil
+	case typev3.RateLimitUnit_HOUR:
+		return rules.Hour, nil
+	case typev3.RateLimitUnit_DAY:
+		return rules.Day, nil
+	}
+	return 0, fmt.Errorf("unit %s is not supported (want SECOND, MINUTE, HOUR or DAY)", u)
+}
+
+// units maps rules.Unit to Envoy's response unit.
+var units = [...]rlsv3.RateLimitResponse_RateLimit_Unit{
+	rules.Second: rlsv3.RateLimitResponse_RateLimit_SECOND,
+	rules.Minute: rlsv3.RateLimitResponse_RateLimit_MINUTE,
+	rules.Hour:   rlsv3.RateLimitResponse_RateLimit_HOUR,
+	rules.Day:    rlsv3.RateLimitResponse_RateLimit_DAY,
+}
+
+var codesOf = [...]rlsv3.RateLimitResponse_Code{pop.OK: rlsv3.RateLimitResponse_OK, pop.OverLimit: rlsv3.RateLimitResponse_OVER_LIMIT}
+
+// response renders res, decided at now, as Envoy's RateLimitResponse: what
+// /v1/check answers, field for field.
+func response(now time.Time, res *pop.Result) *rlsv3.RateLimitResponse {
+	out := &rlsv3.RateLimitResponse{
+		OverallCode: codesOf[res.Code],
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(res.Statuses)),
+	}
+	for i := range res.Statuses {
+		st := &res.Statuses[i]
+		ds := &rlsv3.RateLimitResponse_DescriptorStatus{Code: codesOf[st.Code]}
+		if l := st.Limit; l != nil {
+			u := rlsv3.RateLimitResponse_RateLimit_UNKNOWN
+			if int(l.Unit) < len(units) {
+				u = units[l.Unit]
+			}
+			ds.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: l.Name, RequestsPerUnit: clampU32(l.Spec.Limit), Unit: u}
+			ds.LimitRemaining = clampU32(st.Remaining)
+			ds.DurationUntilReset = &durationpb.Duration{Seconds: pop.Seconds(st.UntilReset())}
+		}
+		out.Statuses[i] = ds
+	}
+	if vals := pop.HeaderValues(now, res); len(vals) > 0 {
+		out.ResponseHeadersToAdd = make([]*corev3.HeaderValue, len(vals))
+		for i, v := range vals {
+			out.ResponseHeadersToAdd[i] = &corev3.HeaderValue{Key: pop.HeaderNames[i], Value: v}
+		}
+	}
+	return out
+}
+
+func clampU32(v int64) uint32 { return uint32(min(max(v, 0), 1<<32-1)) }

@@ -1,0 +1,37 @@
+package grpcapi
+
+import (
+	"context"
+	"path"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+)
+
+// RequestCounter counts gRPC calls by method and status code:
+// edgelimit_grpc_requests_total{method,code}. The engine's decision metrics
+// (edgelimit_decisions_total, edgelimit_check_duration_seconds{api="grpc"})
+// count what the calls decided. A nil *RequestCounter counts nothing.
+type RequestCounter struct {
+	calls *prometheus.CounterVec
+}
+
+// NewRequestCounter creates the counter and registers it with reg.
+func NewRequestCounter(reg prometheus.Registerer) *RequestCounter {
+	c := &RequestCounter{calls: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "edgelimit_grpc_requests_total",
+		Help: "gRPC calls by method (ShouldRateLimit, Check, …) and status code (OK, InvalidArgument, DeadlineExceeded, …). An OVER_LIMIT answer is code OK.",
+	}, []string{"method", "code"})}
+	reg.MustRegister(c.calls)
+	return c
+}
+
+// interceptor counts each unary call once it has been answered.
+func (c *RequestCounter) interceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	resp, err := handler(ctx, req)
+	if c != nil {
+		c.calls.WithLabelValues(path.Base(info.FullMethod), status.Code(err).String()).Inc()
+	}
+	return resp, err
+}
