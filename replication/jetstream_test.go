@@ -140,6 +140,15 @@ func startPoP(t testing.TB, c *natstest.Cluster, topo replication.Topology, regi
 	if tune != nil {
 		tune(&cfg)
 	}
+	rep, stop := runReplicator(t, cfg)
+	p := &pop{name: name, region: region, counts: counts, rep: rep, stop: stop}
+	return p
+}
+
+// runReplicator runs a Replicator of cfg until the test ends (or the returned
+// stop, which waits for Run to return), once it consumes its region's stream.
+func runReplicator(t testing.TB, cfg replication.Config) (*replication.Replicator, func()) {
+	t.Helper()
 	rep, err := replication.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -148,29 +157,28 @@ func startPoP(t testing.TB, c *natstest.Cluster, topo replication.Topology, regi
 	done := make(chan error, 1)
 	go func() { done <- rep.Run(ctx) }()
 	var once sync.Once
-	p := &pop{name: name, region: region, counts: counts, rep: rep}
-	p.stop = func() {
+	stop := func() {
 		once.Do(func() {
 			cancel()
 			select {
 			case err := <-done:
 				if err != nil {
-					t.Errorf("%s: Run: %v", name, err)
+					t.Errorf("%s: Run: %v", cfg.POP, err)
 				}
 			case <-time.After(10 * time.Second):
-				t.Errorf("%s: Run did not return 10 s after cancel", name)
+				t.Errorf("%s: Run did not return 10 s after cancel", cfg.POP)
 			}
 		})
 	}
-	t.Cleanup(p.stop)
+	t.Cleanup(stop)
 	select {
 	case <-rep.Ready():
 	case err := <-done:
-		t.Fatalf("%s: Run returned before it was ready: %v", name, err)
+		t.Fatalf("%s: Run returned before it was ready: %v", cfg.POP, err)
 	case <-time.After(10 * time.Second):
-		t.Fatalf("%s: not consuming its stream after 10 s", name)
+		t.Fatalf("%s: not consuming its stream after 10 s", cfg.POP)
 	}
-	return p
+	return rep, stop
 }
 
 // testLogger returns a logger that writes to the test's log until the test

@@ -1,7 +1,6 @@
 package replication_test
 
 import (
-	"context"
 	"fmt"
 	"path/filepath"
 	"testing"
@@ -31,7 +30,7 @@ func TestUrgentPublishesBeforeFlush(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
+	t.Cleanup(func() { db.Close() }) // after the replicator's cleanup, which saves a last time
 	var counts replication.Counts = replication.NewPersisted(fra, db, nil)
 	if _, ok := counts.(replication.UrgentNotifier); !ok {
 		t.Fatal("Persisted hides its counts' Urgent")
@@ -39,15 +38,7 @@ func TestUrgentPublishesBeforeFlush(t *testing.T) {
 	cfg := replication.Config{Region: "eu", POP: "fra1", Topology: topo, Conn: c.Connect(t, "eu"),
 		Counts: counts, Domains: c.Domains(), Logger: testLogger(t)}
 	slow(&cfg)
-	rep, err := replication.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- rep.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	<-rep.Ready()
+	runReplicator(t, cfg)
 	par := startPoP(t, c, topo, "eu", "par1", nil, slow)
 	time.Sleep(200 * time.Millisecond) // past the first, immediate flush
 

@@ -131,24 +131,7 @@ func TestUrgent(t *testing.T) {
 // admitted in the time it has not heard from it, in proportion to their
 // parts of the traffic.
 func TestExtrapolationMirror(t *testing.T) {
-	ms := int64(time.Millisecond)
-	w := int64(time.Second)
-	l := &rules.Limit{Domain: "d", Unit: rules.Second, Scope: limit.ScopeGlobal,
-		Spec: limit.Spec{Algorithm: limit.SlidingWindow, Limit: 120, Window: w}}
-	it := limit.Item{Key: l.AppendKey(nil, []rules.Entry{{Key: "k", Value: "m"}}), Spec: l.Spec, Scope: l.Scope}
-	t0 := limittest.T0.Add(10*time.Second + 900*time.Millisecond).UnixNano()
-	start := limit.WindowStart(t0, w)
-	s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
-	// b: 45 hits, as of 100 ms ago (messages every 100 ms, 50 ms on the way).
-	s.ApplyAt(t0-150*ms, t0-200*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 40}})
-	s.ApplyAt(t0-50*ms, t0-100*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 45}})
-	// a: 45 hits long before, then 10 within the last 100 ms.
-	if n := admit(t, s, t0-500*ms, it, 45); n != 45 {
-		t.Fatalf("admitted %d of the first 45", n)
-	}
-	if n := admit(t, s, t0-10*ms, it, 10); n != 10 {
-		t.Fatalf("admitted %d of the next 10", n)
-	}
+	s, it, t0 := mirrored(t, MemoryConfig{Replica: "a", Extrapolate: true})
 	s.rep.mu.Lock()
 	st := s.rep.state(&it, t0)
 	s.rep.mu.Unlock()
@@ -157,6 +140,31 @@ func TestExtrapolationMirror(t *testing.T) {
 	if d := st.Unheard - 10; d > 1e-9 || d < -1e-9 {
 		t.Fatalf("Unheard = %v, want 10", st.Unheard)
 	}
+}
+
+// mirrored makes a store of replica a, per second limit 120, at t0 (900 ms
+// into a window): b counted 40 then 45 of the key, stamped 200 and 100 ms
+// before t0 and applied 50 ms later; a admitted 45 at t0−500 ms and 10 at
+// t0−10 ms.
+func mirrored(t *testing.T, cfg MemoryConfig) (*Memory, limit.Item, int64) {
+	t.Helper()
+	ms := int64(time.Millisecond)
+	w := int64(time.Second)
+	l := &rules.Limit{Domain: "d", Unit: rules.Second, Scope: limit.ScopeGlobal,
+		Spec: limit.Spec{Algorithm: limit.SlidingWindow, Limit: 120, Window: w}}
+	it := limit.Item{Key: l.AppendKey(nil, []rules.Entry{{Key: "k", Value: "m"}}), Spec: l.Spec, Scope: l.Scope}
+	t0 := limittest.T0.Add(10*time.Second + 900*time.Millisecond).UnixNano()
+	start := limit.WindowStart(t0, w)
+	s := NewMemory(cfg)
+	s.ApplyAt(t0-150*ms, t0-200*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 40}})
+	s.ApplyAt(t0-50*ms, t0-100*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 45}})
+	if n := admit(t, s, t0-500*ms, it, 45); n != 45 {
+		t.Fatalf("admitted %d of the first 45", n)
+	}
+	if n := admit(t, s, t0-10*ms, it, 10); n != 10 {
+		t.Fatalf("admitted %d of the next 10", n)
+	}
+	return s, it, t0
 }
 
 // TestAheadClock checks that hits a replica with a fast clock counted in the
@@ -184,30 +192,19 @@ func TestAheadClock(t *testing.T) {
 // TestEstimateMiss checks what EstimateMiss reports: the estimate of the
 // other replica's count (held plus guessed) against its report.
 func TestEstimateMiss(t *testing.T) {
-	ms := int64(time.Millisecond)
-	w := int64(time.Second)
-	l := &rules.Limit{Domain: "d", Unit: rules.Second, Scope: limit.ScopeGlobal,
-		Spec: limit.Spec{Algorithm: limit.SlidingWindow, Limit: 120, Window: w}}
-	it := limit.Item{Key: l.AppendKey(nil, []rules.Entry{{Key: "k", Value: "m"}}), Spec: l.Spec, Scope: l.Scope}
-	t0 := limittest.T0.Add(10*time.Second + 900*time.Millisecond).UnixNano()
-	start := limit.WindowStart(t0, w)
 	for _, c := range []struct {
 		reported uint64
 		want     float64
 	}{{55, 0}, {50, 5}, {60, -5}} {
 		var got []float64
 		var scopes []limit.Scope
-		s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true, EstimateMiss: func(sc limit.Scope, hits float64) {
+		s, it, t0 := mirrored(t, MemoryConfig{Replica: "a", Extrapolate: true, EstimateMiss: func(sc limit.Scope, hits float64) {
 			scopes, got = append(scopes, sc), append(got, hits)
 		}})
-		// As in TestExtrapolationMirror: b held at 45, and a guesses b
-		// admitted 10 more since, as a did.
-		s.ApplyAt(t0-150*ms, t0-200*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 40}})
-		s.ApplyAt(t0-50*ms, t0-100*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 45}})
-		admit(t, s, t0-500*ms, it, 45)
-		admit(t, s, t0-10*ms, it, 10)
+		// b held at 45, and a guesses b admitted 10 more since, as a did.
 		got, scopes = nil, nil // misses of the setup's own applies
-		s.ApplyAt(t0, t0-50*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: c.reported}})
+		start := limit.WindowStart(t0, it.Spec.Window)
+		s.ApplyAt(t0, t0-int64(50*time.Millisecond), []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: c.reported}})
 		if len(got) != 1 || scopes[0] != limit.ScopeGlobal {
 			t.Fatalf("reported %d: misses %v scopes %v, want one global", c.reported, got, scopes)
 		}
