@@ -79,6 +79,9 @@ func TestRunPopBadFlags(t *testing.T) {
 	if code := run([]string{"pop", "--region", "eu", "--pop", "a", "--snapshot-interval", "0s", "--rules", rules, "--data", t.TempDir()}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "--snapshot-interval must be > 0") {
 		t.Fatalf("exit %d, stderr %q", code, errb.String())
 	}
+	if code := run([]string{"pop", "--region", "eu", "--pop", "a", "--urgent-interval", "0s", "--rules", rules, "--data", t.TempDir()}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "--urgent-interval must be > 0") {
+		t.Fatalf("exit %d, stderr %q", code, errb.String())
+	}
 	errb.Reset()
 	if code := run([]string{"pop", "--region", "eu", "--pop", "a", "--unreachable-after", "-1s", "--rules", rules, "--data", t.TempDir()}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "--unreachable-after must be > 0") {
 		t.Fatalf("exit %d, stderr %q", code, errb.String())

@@ -71,6 +71,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&repl.pop, "pop", "", "this PoP's name, its replica name: unique across regions")
 	fs.StringVar(&repl.topology, "topology", "", "every region's PoPs: `region=pop,pop;region=pop` (default: this PoP alone)")
 	fs.DurationVar(&repl.flush, "flush-interval", 100*time.Millisecond, "how often the PoP publishes what it counted to the other PoPs")
+	fs.DurationVar(&repl.urgent, "urgent-interval", 10*time.Millisecond, "least time between two publications of urgent news — a new mitigation bit, or an admission of a region or global limit — which do not wait for the flush; lower it for tighter global limits at the price of more messages")
 	fs.DurationVar(&repl.snapshot, "snapshot-interval", 5*time.Second, "how often the PoP republishes all it counts (anti-entropy); raise it with hundreds of thousands of keys")
 	fs.DurationVar(&repl.unreachableAfter, "unreachable-after", 3*time.Second, "how long without a presence beacon from a region before it counts as cut off and global limits shrink to --partition-share (a few beacon intervals of 500ms)")
 	fs.BoolVar(&cfg.Extrapolate, "extrapolate", true, "count, in a region or global limit, the hits other PoPs have probably admitted since their last message (their recent rate × its age); false decides on what was heard only")

@@ -27,6 +27,7 @@ type replFlags struct {
 	leafListen            int
 	leafRemotes           listFlag
 	flush                 time.Duration
+	urgent                time.Duration
 	snapshot              time.Duration
 	partitionShare        float64
 	unreachableAfter      time.Duration
@@ -64,6 +65,9 @@ func (f *replFlags) validate() (replication.Topology, error) {
 	}
 	if f.flush <= 0 {
 		return t, fmt.Errorf("--flush-interval must be > 0, got %v", f.flush)
+	}
+	if f.urgent <= 0 {
+		return t, fmt.Errorf("--urgent-interval must be > 0, got %v", f.urgent)
 	}
 	if f.snapshot <= 0 {
 		return t, fmt.Errorf("--snapshot-interval must be > 0, got %v", f.snapshot)
@@ -139,7 +143,7 @@ func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog
 		cleanup = append(cleanup, nc.Close)
 		r, err := replication.New(replication.Config{
 			Region: f.region, POP: f.pop, Topology: t, Conn: nc, Counts: counts, Bits: bits,
-			FlushInterval: f.flush, SnapshotInterval: f.snapshot, StartSeq: seq, OnApplied: counts.Applied,
+			FlushInterval: f.flush, BitsInterval: f.urgent, SnapshotInterval: f.snapshot, StartSeq: seq, OnApplied: counts.Applied,
 			UnreachableAfter: f.unreachableAfter, PartitionShare: f.partitionShare, SetGlobalShare: h.SetGlobalShare,
 			Domains: domains(t), Logger: log.With("component", "replication"),
 		})
