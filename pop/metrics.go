@@ -78,6 +78,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"api"}),
 	}
 	reg.MustRegister(m.decisions, m.unknownDomains, m.storeErrors, m.latency, m.reloads, m.rulesLoaded, m.badRequests)
+	// Both results exist from the start at 0, so that the first failed reload
+	// is an increase from 0 that increase() and rate() see, not the birth of
+	// a series they ignore.
+	for _, result := range []string{"ok", "error"} {
+		m.reloads.WithLabelValues(result)
+	}
 	m.observers = make(map[string]prometheus.Observer)
 	for _, api := range []string{"check", "batch", "authz"} {
 		m.observers[api] = m.latency.WithLabelValues(api)
