@@ -169,6 +169,15 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() error
 func startPoP(t *testing.T, name, listen string, env []string, args ...string) *proc {
 	t.Helper()
 	p := start(t, name, edgelimitBin(t), env, append([]string{"pop", "--listen", listen}, args...)...)
+	waitReady(t, p, listen)
+	return p
+}
+
+// waitReady waits until the PoP p, listening on listen, answers /readyz with
+// 200.
+func waitReady(t *testing.T, p *proc, listen string) {
+	t.Helper()
+	name := p.name
 	waitFor(t, 30*time.Second, name+" ready", func() error {
 		if p.exited() {
 			t.Fatalf("%s exited before it was ready", name)
@@ -183,7 +192,6 @@ func startPoP(t *testing.T, name, listen string, env []string, args ...string) *
 		}
 		return nil
 	})
-	return p
 }
 
 // sample is one line of a Prometheus text exposition.
