@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +28,24 @@ const (
 	sysPassword  = "sys5Secret2Ky"
 )
 
+// confVars returns the variables ($NAME) a nats-server config uses, outside
+// comments: the environment must set each (the server refuses to start on
+// an unset one).
+func confVars(text string) []string {
+	var out []string
+	for _, line := range strings.Split(text, "\n") {
+		if i := strings.IndexAny(line, "#"); i >= 0 {
+			line = line[:i]
+		}
+		for _, m := range regexp.MustCompile(`\$([A-Za-z_][A-Za-z0-9_]*)`).FindAllStringSubmatch(line, -1) {
+			if !slices.Contains(out, m[1]) {
+				out = append(out, m[1])
+			}
+		}
+	}
+	return out
+}
+
 // natsServer is one server of a region started from a deploy/nats config.
 type natsServer struct {
 	name              string
@@ -36,10 +56,11 @@ type natsServer struct {
 func (s *natsServer) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", s.client) }
 
 // startRegion starts three servers of a region from the config file conf
-// (deploy/nats/hub-region.conf or leaf-region.conf) with only the values an
-// operator fills in replaced: host names and ports (every server here is on
-// 127.0.0.1), the store directory, and, through the environment, the server
-// name and the passwords. hub is the hub region's servers, for a leaf region.
+// (deploy/nats/hub-region.conf or leaf-region.conf) as an operator would:
+// what the file takes from the environment (server name, region, routes,
+// hub URLs, passwords) set there, and only the listen addresses, store
+// directory and size replaced in the text (every server here is on
+// 127.0.0.1). hub is the hub region's servers, for a leaf region.
 func startRegion(t *testing.T, conf, region string, hub []*natsServer) []*natsServer {
 	t.Helper()
 	bin := natsServerBin(t)
@@ -60,22 +81,28 @@ func startRegion(t *testing.T, conf, region string, hub []*natsServer) []*natsSe
 			"store_dir: /var/lib/nats/jetstream", "store_dir: " + filepath.Join(dir, "jetstream"),
 			"max_file_store: 10G", "max_file_store: 256M",
 		}
-		for _, o := range servers {
-			pairs = append(pairs, fmt.Sprintf("nats-route://%s:6222", o.name), fmt.Sprintf("nats-route://127.0.0.1:%d", o.route))
-		}
 		env := []string{
 			"NATS_SERVER_NAME=" + s.name,
+			"EDGELIMIT_REGION=" + region,
 			"EDGELIMIT_NATS_PASSWORD=" + popPassword,
 			"NATS_SYS_PASSWORD=" + sysPassword,
+		}
+		for i, o := range servers {
+			env = append(env, fmt.Sprintf("NATS_ROUTE_%d=nats-route://127.0.0.1:%d", i+1, o.route))
 		}
 		if hub == nil {
 			pairs = append(pairs, "listen: 0.0.0.0:7422", fmt.Sprintf("listen: 127.0.0.1:%d", s.lf))
 			env = append(env, "EDGELIMIT_LEAF_PASSWORD="+leafPassword)
 		} else {
-			for _, h := range hub[1:] {
-				pairs = append(pairs, fmt.Sprintf("nats-leaf://%s:7422", h.name), fmt.Sprintf("nats-leaf://127.0.0.1:%d", h.lf))
+			env = append(env,
+				fmt.Sprintf("EDGELIMIT_HUB_URL=nats-leaf://leaf:%s@127.0.0.1:%d", leafPassword, hub[0].lf),
+				fmt.Sprintf("EDGELIMIT_HUB_URL_2=nats-leaf://127.0.0.1:%d", hub[1].lf),
+				fmt.Sprintf("EDGELIMIT_HUB_URL_3=nats-leaf://127.0.0.1:%d", hub[2].lf))
+		}
+		for _, v := range confVars(text) {
+			if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, v+"=") }) {
+				t.Fatalf("%s uses $%s, which the test does not set: update the test along with the file", conf, v)
 			}
-			env = append(env, fmt.Sprintf("EDGELIMIT_HUB_URL=nats-leaf://leaf:%s@127.0.0.1:%d", leafPassword, hub[0].lf))
 		}
 		file := filepath.Join(dir, conf)
 		if err := os.WriteFile(file, []byte(template(t, conf, text, pairs...)), 0o600); err != nil {
@@ -119,6 +146,32 @@ func waitJetStream(t *testing.T, s *natsServer, domain string) {
 	})
 }
 
+// waitDomain waits until JetStream domain answers through server s.
+func waitDomain(t *testing.T, s *natsServer, domain string) {
+	t.Helper()
+	waitFor(t, 30*time.Second, "domain "+domain+" through "+s.name, func() error {
+		nc, err := nats.Connect(s.url(), nats.UserInfo("edgelimit", popPassword))
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		js, err := jetstream.NewWithDomain(nc, domain)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		info, err := js.AccountInfo(ctx)
+		if err != nil {
+			return err
+		}
+		if info.Domain != domain {
+			return fmt.Errorf("answered by domain %q", info.Domain)
+		}
+		return nil
+	})
+}
+
 // TestNATSConfigsLinkRegions runs deploy/nats/hub-region.conf (region eu)
 // and leaf-region.conf (region us) as an operator would — three nats-server
 // processes per region, of the version go.mod names, passwords from the
@@ -139,22 +192,15 @@ func TestNATSConfigsLinkRegions(t *testing.T) {
 	// come up until it is back.)
 	hub[0].p.terminate()
 	leaf := startRegion(t, "leaf-region.conf", "us", hub)
-	// The leaf region reaches the hub's JetStream domain only across a leaf link.
-	waitFor(t, 30*time.Second, "hub domain from the leaf region", func() error {
-		nc, err := nats.Connect(leaf[2].url(), nats.UserInfo("edgelimit", popPassword))
-		if err != nil {
-			return err
-		}
-		defer nc.Close()
-		js, err := jetstream.NewWithDomain(nc, "eu")
-		if err != nil {
-			return err
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_, err = js.AccountInfo(ctx)
-		return err
-	})
+	// Every server reaches the other region's JetStream domain, which only
+	// a leaf link carries, before any PoP creates a stream: a source consumer
+	// requested across a link not yet up is retried only after 30 s.
+	for _, s := range leaf {
+		waitDomain(t, s, "eu")
+	}
+	for _, s := range hub[1:] {
+		waitDomain(t, s, "us")
+	}
 
 	dir := t.TempDir()
 	rules := filepath.Join(dir, "rules.yaml")
