@@ -20,6 +20,7 @@ type Metrics struct {
 	latency        *prometheus.HistogramVec
 	reloads        *prometheus.CounterVec
 	rulesLoaded    prometheus.Gauge
+	reloadFailing  prometheus.Gauge
 	badRequests    *prometheus.CounterVec
 	// observers holds latency's child per API, resolved once: a label lookup
 	// per request costs more than the observation.
@@ -72,12 +73,22 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "edgelimit_rules_loaded_timestamp_seconds",
 			Help: "When the rules in force were loaded.",
 		}),
+		reloadFailing: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "edgelimit_rule_reload_failing",
+			Help: "1 while the rule files on disk fail to load and the last good rules stay in force, else 0.",
+		}),
 		badRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "edgelimit_bad_requests_total",
 			Help: "Requests rejected with 400, by API.",
 		}, []string{"api"}),
 	}
-	reg.MustRegister(m.decisions, m.unknownDomains, m.storeErrors, m.latency, m.reloads, m.rulesLoaded, m.badRequests)
+	reg.MustRegister(m.decisions, m.unknownDomains, m.storeErrors, m.latency, m.reloads, m.rulesLoaded, m.reloadFailing, m.badRequests)
+	// Both results exist from the start at 0, so that the first failed reload
+	// is an increase from 0 that increase() and rate() see, not the birth of
+	// a series they ignore.
+	for _, result := range []string{"ok", "error"} {
+		m.reloads.WithLabelValues(result)
+	}
 	m.observers = make(map[string]prometheus.Observer)
 	for _, api := range []string{"check", "batch", "authz"} {
 		m.observers[api] = m.latency.WithLabelValues(api)
@@ -115,12 +126,17 @@ func (m *Metrics) RulesLoaded(set *rules.Set) {
 	m.ruleLabels = labels
 	m.reloads.WithLabelValues("ok").Inc()
 	m.rulesLoaded.SetToCurrentTime()
+	m.reloadFailing.Set(0)
 }
 
-// RulesFailed records a rule load that failed.
+// RulesFailed records a rule load that failed; the rule files stay failing
+// until the next RulesLoaded. (The watcher retries only when the files
+// change, so the error counter moves once per broken edit: the gauge says
+// whether the files on disk are still broken.)
 func (m *Metrics) RulesFailed() {
 	if m != nil {
 		m.reloads.WithLabelValues("error").Inc()
+		m.reloadFailing.Set(1)
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -37,12 +39,71 @@ type ConnConfig struct {
 	Logger *slog.Logger
 }
 
+// MinServerVersion is the oldest nats-server replication works with. Older
+// servers keep the Nats-Expected-Stream header, which every batch is
+// published with, on the messages a stream sources from another region's
+// stream, and the sourcing stream then rejects each one ("expected stream
+// does not match"; nats-server 2.10.14 strips the header): counts would
+// cross regions only by snapshots, and no metric would say so.
+const MinServerVersion = "2.10.14"
+
+// ErrServerTooOld is returned, wrapped with both versions, by Connect when
+// the server is older than MinServerVersion.
+var ErrServerTooOld = errors.New("nats-server too old for edgelimit replication")
+
+// CheckServerVersion returns an error wrapping ErrServerTooOld, naming
+// version and MinServerVersion, when version (a nats-server version such as
+// "2.9.10" or "v2.11.0-RC.1") is older than MinServerVersion or cannot be
+// read.
+func CheckServerVersion(version string) error {
+	have, ok := parseVersion(version)
+	want, _ := parseVersion(MinServerVersion)
+	if !ok {
+		return fmt.Errorf("replication: %w: cannot read server version %q (need %s or later)", ErrServerTooOld, version, MinServerVersion)
+	}
+	for i := range have {
+		if have[i] != want[i] {
+			if have[i] < want[i] {
+				return fmt.Errorf("replication: %w: the server is %s, edgelimit needs %s or later", ErrServerTooOld, version, MinServerVersion)
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
+// parseVersion reads major.minor.patch of a version, ignoring a leading "v"
+// and any "-suffix".
+func parseVersion(v string) ([3]int, bool) {
+	var out [3]int
+	v = strings.TrimPrefix(v, "v")
+	if i := strings.IndexAny(v, "-+"); i >= 0 {
+		v = v[:i]
+	}
+	parts := strings.Split(v, ".")
+	if len(parts) != 3 {
+		return out, false
+	}
+	for i, p := range parts {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 0 {
+			return out, false
+		}
+		out[i] = n
+	}
+	return out, true
+}
+
 // Connect connects to NATS as cfg says. The connection retries forever,
 // also when no server answers at first (Connect then returns a connection
 // that is still connecting): a PoP never waits on NATS to serve checks, and
 // replication catches up once NATS is there. It returns an error for a
 // config it cannot use (no URL, two kinds of credentials, an unreadable
-// nkey seed).
+// nkey seed), and one wrapping ErrServerTooOld when the server it reached is
+// older than MinServerVersion. A server found too old on a later connect
+// (the first answered after Connect returned, or a reconnect) is logged as
+// an error and the connection closed, so replication stops visibly rather
+// than half-working.
 func Connect(cfg ConnConfig) (*nats.Conn, error) {
 	if cfg.URL == "" {
 		return nil, errors.New("replication: no NATS URL")
@@ -68,9 +129,8 @@ func Connect(cfg ConnConfig) (*nats.Conn, error) {
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			log.Warn("replication: disconnected from NATS", "err", err)
 		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) {
-			log.Info("replication: connected to NATS", "url", nc.ConnectedUrlRedacted())
-		}),
+		nats.ConnectHandler(func(nc *nats.Conn) { connected(nc, log) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) { connected(nc, log) }),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			subject := ""
 			if sub != nil {
@@ -106,5 +166,26 @@ func Connect(cfg ConnConfig) (*nats.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replication: connect to NATS at %s: %w", cfg.URL, err)
 	}
+	if nc.IsConnected() {
+		if err := CheckServerVersion(nc.ConnectedServerVersion()); err != nil {
+			url := nc.ConnectedUrlRedacted()
+			nc.Close()
+			return nil, fmt.Errorf("%w (at %s)", err, url)
+		}
+	}
 	return nc, nil
+}
+
+// connected runs when nc (re)connects after Connect returned: it logs the
+// server, or closes nc when the server is too old.
+func connected(nc *nats.Conn, log *slog.Logger) {
+	if nc.IsClosed() { // Connect found the server too old
+		return
+	}
+	if err := CheckServerVersion(nc.ConnectedServerVersion()); err != nil {
+		log.Error("replication: closing the NATS connection; replication stops", "url", nc.ConnectedUrlRedacted(), "err", err)
+		nc.Close()
+		return
+	}
+	log.Info("replication: connected to NATS", "url", nc.ConnectedUrlRedacted(), "server_version", nc.ConnectedServerVersion())
 }

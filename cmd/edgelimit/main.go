@@ -19,6 +19,8 @@ Usage:
   edgelimit sim [-seed N] [--json] [--html FILE] SCENARIO.yaml
                            simulate a multi-region scenario; report overshoot per strategy
   edgelimit load [flags]   drive a PoP's check API with load and report req/s and latency
+  edgelimit probe [--listen ADDR] [--path /healthz]
+                           ask a PoP on this machine whether it is alive (exit 0 on 200)
   edgelimit baseline [--listen ADDR]
                            serve a trivial HTTP handler: the machine's ceiling for 'load'
   edgelimit help [command] show help
@@ -45,6 +47,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runSim(rest, stdout, stderr)
 	case "load":
 		err = runLoad(rest, stdout)
+	case "probe":
+		err = runProbe(rest, stdout, stderr)
 	case "baseline":
 		err = runBaseline(rest, stderr)
 	case "help", "-h", "--help":
