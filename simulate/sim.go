@@ -32,9 +32,9 @@ const (
 	// embedded store, CRDT deltas flushed every FlushInterval through the
 	// simulated network and joined by the other PoPs; each check also counts
 	// the hits other PoPs probably admitted since their last message
-	// (MemoryConfig.Extrapolate); a PoP whose admitted hit leaves half of
-	// the limit or less publishes its delta at once (store.Memory.Urgent, at
-	// most once per BitsInterval); and mitigation bits: a PoP that finds the
+	// (MemoryConfig.Extrapolate); every admitted hit makes the PoP publish
+	// its delta at once (store.Memory.Urgent, at most once per
+	// BitsInterval); and mitigation bits: a PoP that finds the
 	// key over the limit issues a bit, published at once, and every PoP that
 	// holds it denies without counting until the bit ends.
 	Edgelimit Strategy = iota
