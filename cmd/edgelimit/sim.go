@@ -15,9 +15,10 @@ import (
 const simUsage = `Usage: edgelimit sim [-seed N] [--json] [--html FILE] SCENARIO.yaml
 
 Runs a scenario (simulate/scenarios/ has examples) on a virtual clock with the
-real decision engine, CRDT code and mitigation bits, once per strategy
-(edgelimit, async-sync without bits, local-only, static split, centralized),
-and grades every decision against an exact per-key oracle: overshoot, wrong
+real decision engine, CRDT code, mitigation bits and replication core, once per
+strategy (edgelimit; async-sync, the plain asynchronous baseline; local-only;
+static split; centralized), and grades every decision against an exact per-key
+oracle: overshoot, wrong
 decisions, denials of well-behaved clients, time to first denial, bit delay,
 convergence after a partition, and messages and bytes on the wire.
 The same scenario and seed give a byte-identical report; the report prints
