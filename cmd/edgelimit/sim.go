@@ -18,9 +18,9 @@ Runs a scenario (simulate/scenarios/ has examples) on a virtual clock with the
 real decision engine, CRDT code, mitigation bits and replication core, once per
 strategy (edgelimit; async-sync, the plain asynchronous baseline; local-only;
 static split; centralized), and grades every decision against an exact per-key
-oracle: overshoot, wrong
-decisions, denials of well-behaved clients, time to first denial, bit delay,
-convergence after a partition, and messages and bytes on the wire.
+oracle: overshoot, wrong decisions, denials of well-behaved clients, time to
+first denial, bit delay, convergence after a partition, and messages and bytes
+on the wire.
 The same scenario and seed give a byte-identical report; the report prints
 its seed, and -seed N replays another. --html FILE also writes the report as
 one self-contained HTML page with charts of the admitted rate against the
