@@ -457,6 +457,10 @@ func registerMemory(reg prometheus.Registerer, mem *store.Memory) {
 			Help:        "Keys the embedded store evicted to stay within --max-keys: idle ones cost no accuracy; live ones restarted from zero.",
 			ConstLabels: prometheus.Labels{"kind": "live"},
 		}, func() float64 { return float64(mem.Stats().EvictedLive) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "edgelimit_store_untracked_total",
+			Help: "Checks of new keys the embedded store decided on a fresh state and did not keep: it was full of keys still counting that are looked up at least as often.",
+		}, func() float64 { return float64(mem.Stats().Untracked) }),
 	)
 }
 

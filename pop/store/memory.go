@@ -75,12 +75,15 @@ type Memory struct {
 
 	evictedIdle atomic.Uint64
 	evictedLive atomic.Uint64
+	untracked   atomic.Uint64
 }
 
 type shard struct {
-	mu sync.Mutex
-	t  table
-	_  [128 - 80]byte // a shard per two cache lines: no false sharing between cores
+	mu   sync.Mutex
+	t    table
+	freq sketch
+	// 128 bytes, two cache lines: no false sharing between cores
+	// (TestShardSize; a trailing pad of zero bytes would add 8).
 }
 
 // inUse marks a slot taken by the check under way, so that making room for
@@ -102,6 +105,7 @@ func NewMemory(cfg MemoryConfig) *Memory {
 	}
 	for i := range s.shards {
 		s.shards[i].t.rng = uint64(i)*0x9E3779B97F4A7C15 | 1
+		s.shards[i].freq = newSketch(s.perShard)
 	}
 	return s
 }
@@ -114,9 +118,14 @@ func (s *Memory) CheckAt(_ context.Context, now, hits int64, items []limit.Item,
 		h := s.hash(items[0].Key)
 		sh := &s.shards[h>>56]
 		sh.mu.Lock()
-		sl := &sh.t.slots[sh.get(s, h, items[0].Key, now)]
-		out[0] = items[0].Spec.Take(&sl.st, now, hits) // a shadow limit adds only what it allowed, as Decide does
-		sl.idleAt = items[0].Spec.IdleAt(&sl.st)
+		if i := sh.get(s, h, items[0].Key, now); i >= 0 {
+			sl := &sh.t.slots[i]
+			out[0] = items[0].Spec.Take(&sl.st, now, hits) // a shadow limit adds only what it allowed, as Decide does
+			sl.idleAt = items[0].Spec.IdleAt(&sl.st)
+		} else {
+			var fresh limit.State // untracked: see shard.get
+			out[0] = items[0].Spec.Take(&fresh, now, hits)
+		}
 		sh.mu.Unlock()
 		return nil
 	}
@@ -142,13 +151,18 @@ type MemoryStats struct {
 	// EvictedIdle counts idle keys reclaimed to make room: no accuracy lost.
 	EvictedIdle uint64
 	// EvictedLive counts keys evicted while still counting because their shard
-	// was full: each restarted from zero.
+	// was full and a key looked up more often lately needed the room: each
+	// restarted from zero.
 	EvictedLive uint64
+	// Untracked counts checks of new keys decided on a fresh state and not
+	// kept, because their shard was full of keys still counting that are
+	// looked up at least as often.
+	Untracked uint64
 }
 
 // Stats reports the store's size and evictions so far.
 func (s *Memory) Stats() MemoryStats {
-	return MemoryStats{Keys: s.Len(), EvictedIdle: s.evictedIdle.Load(), EvictedLive: s.evictedLive.Load()}
+	return MemoryStats{Keys: s.Len(), EvictedIdle: s.evictedIdle.Load(), EvictedLive: s.evictedLive.Load(), Untracked: s.untracked.Load()}
 }
 
 // SweepAt removes every key that is idle at now and returns how many it
@@ -186,19 +200,30 @@ func (s *Memory) hash(key []byte) uint64 {
 
 // get returns the slot index of the key with hash h, creating the slot (and
 // making room) when absent. Requires sh.mu held.
+// It returns -1 when the shard is full of keys still counting that are all
+// looked up at least as often as this one: the key is then decided on a
+// fresh state and not kept (Stats().Untracked).
 func (sh *shard) get(s *Memory, h uint64, key []byte, now int64) int {
+	if 2*sh.t.n >= s.perShard {
+		// Only a shard that could fill up needs to know which keys are
+		// looked up often; below half full the sketch costs nothing.
+		sh.freq.add(h)
+	}
 	if i := sh.t.find(h); i >= 0 {
 		return i
 	}
-	if sh.t.n >= s.perShard {
-		sh.evict(s, now)
+	if sh.t.n >= s.perShard && !sh.evict(s, h, now) {
+		s.untracked.Add(1)
+		return -1
 	}
 	return sh.t.insert(h, key)
 }
 
-// evict removes one key: among a sample, the one that turns idle first.
-// Requires sh.mu held.
-func (sh *shard) evict(s *Memory, now int64) {
+// evict makes room for the key with hash h: among a sample, it removes the
+// key that turns idle first if it is idle, or if it is still counting but
+// looked up less often lately than h (sketch), and reports whether h may be
+// inserted. Requires sh.mu held.
+func (sh *shard) evict(s *Memory, h uint64, now int64) bool {
 	var buf [evictSample]int
 	victim := -1
 	for _, i := range sh.t.sample(evictSample, buf[:0]) {
@@ -207,14 +232,19 @@ func (sh *shard) evict(s *Memory, now int64) {
 		}
 	}
 	if victim < 0 || sh.t.slots[victim].idleAt == inUse {
-		return // every sampled key belongs to the check under way
+		return true // every sampled key belongs to the check under way: grow past the bound a little
 	}
-	if sh.t.slots[victim].idleAt <= now {
+	v := &sh.t.slots[victim]
+	switch {
+	case v.idleAt <= now:
 		s.evictedIdle.Add(1)
-	} else {
+	case sh.freq.estimate(h) > sh.freq.estimate(v.hash):
 		s.evictedLive.Add(1)
+	default:
+		return false
 	}
 	sh.t.remove(uint64(victim))
+	return true
 }
 
 // sortedUnique sorts out in place and drops repeats; out is short.

@@ -373,7 +373,9 @@ func (s *Memory) checkMany(now, hits int64, items []limit.Item, out []limit.Deci
 	for i, h := range hashes {
 		if h != 0 {
 			sh := &s.shards[h>>56]
-			sh.t.slots[sh.get(s, h, items[i].Key, now)].idleAt = inUse
+			if j := sh.get(s, h, items[i].Key, now); j >= 0 {
+				sh.t.slots[j].idleAt = inUse
+			}
 		}
 	}
 	for i, h := range hashes {
@@ -383,7 +385,12 @@ func (s *Memory) checkMany(now, hits int64, items []limit.Item, out []limit.Deci
 			continue
 		}
 		t := &s.shards[h>>56].t
-		states = append(states, &t.slots[t.find(h)].st)
+		if j := t.find(h); j >= 0 {
+			states = append(states, &t.slots[j].st)
+		} else {
+			temps = append(temps, limit.State{}) // untracked: see shard.get
+			states = append(states, &temps[len(temps)-1])
+		}
 	}
 	admitted := limit.Decide(now, hits, items, states, out)
 	for i, h := range hashes {
@@ -395,7 +402,9 @@ func (s *Memory) checkMany(now, hits int64, items []limit.Item, out []limit.Deci
 			continue
 		}
 		t := &s.shards[h>>56].t
-		t.slots[t.find(h)].idleAt = items[i].Spec.IdleAt(states[i])
+		if j := t.find(h); j >= 0 {
+			t.slots[j].idleAt = items[i].Spec.IdleAt(states[i])
+		}
 	}
 	if replicated {
 		s.rep.mu.Unlock()
