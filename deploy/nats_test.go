@@ -124,25 +124,11 @@ func waitJetStream(t *testing.T, s *natsServer, domain string) {
 		if s.p.exited() {
 			t.Fatalf("%s exited", s.name)
 		}
-		nc, err := nats.Connect(s.url(), nats.UserInfo("edgelimit", popPassword), nats.Timeout(time.Second))
-		if err != nil {
-			return err
+		got, err := jetStreamDomain(s, "")
+		if err == nil && got != domain {
+			err = fmt.Errorf("JetStream domain %q, want %q", got, domain)
 		}
-		defer nc.Close()
-		js, err := jetstream.New(nc)
-		if err != nil {
-			return err
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		info, err := js.AccountInfo(ctx)
-		if err != nil {
-			return err
-		}
-		if info.Domain != domain {
-			return fmt.Errorf("JetStream domain %q, want %q", info.Domain, domain)
-		}
-		return nil
+		return err
 	})
 }
 
@@ -150,26 +136,38 @@ func waitJetStream(t *testing.T, s *natsServer, domain string) {
 func waitDomain(t *testing.T, s *natsServer, domain string) {
 	t.Helper()
 	waitFor(t, 30*time.Second, "domain "+domain+" through "+s.name, func() error {
-		nc, err := nats.Connect(s.url(), nats.UserInfo("edgelimit", popPassword))
-		if err != nil {
-			return err
+		got, err := jetStreamDomain(s, domain)
+		if err == nil && got != domain {
+			err = fmt.Errorf("answered by domain %q", got)
 		}
-		defer nc.Close()
-		js, err := jetstream.NewWithDomain(nc, domain)
-		if err != nil {
-			return err
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		info, err := js.AccountInfo(ctx)
-		if err != nil {
-			return err
-		}
-		if info.Domain != domain {
-			return fmt.Errorf("answered by domain %q", info.Domain)
-		}
-		return nil
+		return err
 	})
+}
+
+// jetStreamDomain asks, as the PoPs' user connected to s, which JetStream
+// domain answers: s's own, or with via set, domain via's through s.
+func jetStreamDomain(s *natsServer, via string) (string, error) {
+	nc, err := nats.Connect(s.url(), nats.UserInfo("edgelimit", popPassword), nats.Timeout(time.Second))
+	if err != nil {
+		return "", err
+	}
+	defer nc.Close()
+	var js jetstream.JetStream
+	if via == "" {
+		js, err = jetstream.New(nc)
+	} else {
+		js, err = jetstream.NewWithDomain(nc, via)
+	}
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	info, err := js.AccountInfo(ctx)
+	if err != nil {
+		return "", err
+	}
+	return info.Domain, nil
 }
 
 // TestNATSConfigsLinkRegions runs deploy/nats/hub-region.conf (region eu)

@@ -18,15 +18,21 @@ import (
 // returns the channels its callbacks feed.
 func watch(t *testing.T, paths ...string) (<-chan *Set, <-chan error) {
 	t.Helper()
+	return watchWith(t, false, paths...)
+}
+
+// watchWith is watch with the Watcher's AllowEmpty set to allowEmpty.
+func watchWith(t *testing.T, allowEmpty bool, paths ...string) (<-chan *Set, <-chan error) {
+	t.Helper()
 	loads, errs := make(chan *Set, 16), make(chan error, 16)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		NewWatcher(paths, 20*time.Millisecond, nil).Run(ctx,
-			func(s *Set, _ []Warning) { loads <- s },
-			func(err error) { errs <- err })
+		w := NewWatcher(paths, 20*time.Millisecond, nil)
+		w.AllowEmpty = allowEmpty
+		w.Run(ctx, func(s *Set, _ []Warning) { loads <- s }, func(err error) { errs <- err })
 	}()
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	return loads, errs
@@ -177,23 +183,6 @@ func TestWatcher(t *testing.T) {
 	})
 }
 
-// watchAllowingEmpty is watch with AllowEmpty set.
-func watchAllowingEmpty(t *testing.T, paths ...string) (<-chan *Set, <-chan error) {
-	t.Helper()
-	loads, errs := make(chan *Set, 16), make(chan error, 16)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		w := NewWatcher(paths, 20*time.Millisecond, nil)
-		w.AllowEmpty = true
-		w.Run(ctx, func(s *Set, _ []Warning) { loads <- s }, func(err error) { errs <- err })
-	}()
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	return loads, errs
-}
-
 // Emptying a rules directory must not turn into "allow everything": the
 // reload is an error (ErrNoLimits) and the caller keeps its last good rules,
 // unless the watcher was told empty rule sets are intended.
@@ -224,7 +213,7 @@ func TestWatcherRejectsEmptyRules(t *testing.T) {
 	t.Run("allowed", func(t *testing.T) {
 		dir := t.TempDir()
 		file := writeFile(t, dir, "rules.yaml", rulesWith(10))
-		loads, errs := watchAllowingEmpty(t, dir)
+		loads, errs := watchWith(t, true, dir)
 		wantQuota(t, nextLoad(t, loads, errs), 10)
 		if err := os.Remove(file); err != nil {
 			t.Fatal(err)
