@@ -175,8 +175,7 @@ func (r *replicated) state(it *limit.Item, now int64) limit.State {
 		// the hits not heard yet changes no decision worth its cost: it
 		// would take the others admitting seven times what was heard in
 		// one age of their news.
-		weight := float64(w-(now-start)) / float64(w)
-		if 8*(float64(st.Prev)*weight+float64(st.Cur)+1) > float64(it.Spec.Limit) {
+		if 8*(float64(st.Prev)*prevWeight(now, start, w)+float64(st.Cur)+1) > float64(it.Spec.Limit) {
 			st.Unheard = r.unheard(u, key, ho, hr, start, w, now, in)
 		}
 	}
@@ -221,12 +220,10 @@ func (r *replicated) unheard(u *unitCounts, key string, ho, hr crdt.KeyHash, sta
 	}
 	u.remote.EachOf(hr, start, in, func(name string, n uint64) { find(name).cur = n })
 	u.remote.EachOf(hr, start-w, in, func(name string, n uint64) { find(name).prev = n })
-	elapsed := float64(now - start)
-	weight := (float64(w) - elapsed) / float64(w)
 	rh := u.recent[key]
 	var mine float64 // this PoP's sliding count, when it admitted the key lately
 	if rh != nil {
-		mine = float64(u.own.CountOf(ho, start-w))*weight + float64(u.own.CountOf(ho, start))
+		mine = u.ownSliding(ho, start, w, prevWeight(now, start, w))
 	}
 	extra := 0.0
 	for _, c := range reps {
@@ -243,7 +240,7 @@ func (r *replicated) unheard(u *unitCounts, key string, ho, hr crdt.KeyHash, sta
 // (nil and 0 when it did not admit the key lately).
 func (c *replicaClock) guess(cur, prev uint64, start, w, now int64, rh *recentHits, mine float64) float64 {
 	elapsed := float64(now - start)
-	weight := (float64(w) - elapsed) / float64(w)
+	weight := prevWeight(now, start, w)
 	theirs := float64(prev)*weight + float64(cur) // its sliding count
 	age := c.age(now)
 	if mine > 0 {
@@ -262,6 +259,16 @@ func (c *replicaClock) guess(cur, prev uint64, start, w, now int64, rh *recentHi
 	rate := theirs / float64(w) // hits per ns
 	inCur := min(age, elapsed)
 	return rate*inCur + rate*(age-inCur)*weight
+}
+
+// prevWeight is how much of the previous window the sliding estimate counts
+// at now, in the window of length w that starts at start.
+func prevWeight(now, start, w int64) float64 { return float64(w-(now-start)) / float64(w) }
+
+// ownSliding is this PoP's sliding count of the key hashed k, the previous
+// window weighed by weight.
+func (u *unitCounts) ownSliding(k crdt.KeyHash, start, w int64, weight float64) float64 {
+	return float64(u.own.CountOf(k, start-w))*weight + float64(u.own.CountOf(k, start))
 }
 
 // add counts hits of item in the window st starts. Requires r.mu held.
@@ -532,9 +539,8 @@ func (r *replicated) misses(remote []crdt.Slot, now int64) []estimateMiss {
 			continue
 		}
 		scope, _ := rules.KeyScope(sl.Key)
-		elapsed := float64(now - start)
-		weight := (float64(w) - elapsed) / float64(w)
-		mine := float64(u.own.Count(sl.Key, start-w))*weight + float64(u.own.Count(sl.Key, start))
+		weight := prevWeight(now, start, w)
+		mine := u.ownSliding(u.own.Key(sl.Key), start, w, weight)
 		cur := u.remote.Replica(sl.Key, start, sl.Replica)
 		prev := u.remote.Replica(sl.Key, start-w, sl.Replica)
 		if sl.Count < cur {
