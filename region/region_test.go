@@ -54,3 +54,28 @@ func TestShare(t *testing.T) {
 		t.Fatalf("sides sum to %v", sum)
 	}
 }
+
+func TestMember(t *testing.T) {
+	top, err := Parse("eu=eu-1,eu-2;us=us-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		region, pop string
+		want        bool
+	}{
+		{"eu", "eu-1", true},
+		{"us", "us-1", true},
+		{"us", "eu-1", false}, // a PoP of eu naming region us
+		{"eu", "eu-9", false}, // a replica outside the topology
+		{"ap", "ap-1", false}, // a region outside the topology
+		{"", "", false},
+	} {
+		if got := top.Member(c.region, c.pop); got != c.want {
+			t.Errorf("Member(%q, %q) = %v, want %v", c.region, c.pop, got, c.want)
+		}
+	}
+	if (Topology{}).Member("eu", "eu-1") {
+		t.Error("the zero topology has a member")
+	}
+}

@@ -75,6 +75,8 @@ type Config struct {
 	// enforces while others are cut off; 0 means reachable/total
 	// (region.Share).
 	PartitionShare float64
+	// Bounds, when set, bounds received counts and bits' ends (check.go).
+	Bounds Bounds
 }
 
 // ErrConfig is wrapped by New's errors.
@@ -141,6 +143,7 @@ type Core struct {
 	retry                          map[cellKey]uint64
 	ownBits, retryBits             crdt.Bits
 	heard                          map[string]uint64 // PoP -> its last beacon number
+	gapAt                          map[string]int64  // PoP -> when its last missed beacon asked for a snapshot
 	reach                          *region.Reachability
 	unreachable                    []string
 	share                          float64
@@ -170,6 +173,7 @@ func New(cfg Config, now int64) (*Core, error) {
 		urgentDue:    never,
 		lastSnapshot: math.MinInt64 / 2,
 		heard:        make(map[string]uint64),
+		gapAt:        make(map[string]int64),
 		reach:        region.NewReachability(cfg.Topology, cfg.Region, now),
 		share:        1,
 		reviewed:     now,

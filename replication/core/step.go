@@ -13,8 +13,17 @@ import (
 // (region.AcceptBit); a beacon updates reachability, and when its sender is
 // new or one of its beacons went missing (a link dropped, the sender
 // restarted) the next flush also publishes a snapshot.
+//
+// Step checks what it is given (check.go): a message from a replica outside
+// the topology, or naming another region than its own, is dropped; slots and
+// bits that are not the sender's own are dropped; counts and bits' ends past
+// Config.Bounds are clamped. Each is counted in Ready.Rejected.
 func (c *Core) Step(now int64, m Message) {
 	if m.POP == c.cfg.POP {
+		return
+	}
+	if !c.member(&m) {
+		c.reject(RejectReplica, &m, "not a PoP of region %q in the topology", m.Region)
 		return
 	}
 	switch m.Kind {
@@ -22,19 +31,20 @@ func (c *Core) Step(now int64, m Message) {
 		last, known := c.heard[m.POP]
 		c.heard[m.POP] = m.Seq
 		if !known || m.Seq != last+1 {
-			c.snapshotWanted = true
+			c.missed(now, m.POP)
 		}
 		c.reach.Heard(m.Region, now)
 		c.review(now)
 	case Delta:
-		if len(m.Slots) > 0 {
-			c.rd.Apply = append(c.rd.Apply, Apply{Kind: Delta, Region: m.Region, POP: m.POP, Sent: m.Sent, Slots: m.Slots})
+		if slots := c.checkSlots(&m); len(slots) > 0 {
+			c.rd.Apply = append(c.rd.Apply, Apply{Kind: Delta, Region: m.Region, POP: m.POP, Sent: m.Sent, Slots: slots})
 		}
 	case Snapshot, BitsBatch:
-		a := Apply{Kind: m.Kind, Region: m.Region, POP: m.POP, Sent: m.Sent, Slots: m.Slots}
-		if m.Kind == BitsBatch {
-			a.Slots = nil
+		a := Apply{Kind: m.Kind, Region: m.Region, POP: m.POP, Sent: m.Sent}
+		if m.Kind == Snapshot {
+			a.Slots = c.checkSlots(&m)
 		}
+		m.Bits, m.Issued = c.checkBits(now, &m)
 		a.Bits, a.Issued = c.filterBits(now, m)
 		if len(a.Slots) > 0 || len(a.Bits) > 0 {
 			c.rd.Apply = append(c.rd.Apply, a)
@@ -85,4 +95,18 @@ func (c *Core) review(now int64) {
 		c.share = share
 		c.rd.Share = share
 	}
+}
+
+// missed notes at now that a beacon of pop went missing, or pop is new: the
+// next flush publishes a snapshot, unless a gap of pop already asked for one
+// within the last half SnapshotInterval. A PoP whose beacons keep skipping
+// numbers (a flapping link, or a PoP forging them) so costs at most two extra
+// snapshots per SnapshotInterval, not one per HelloInterval; the periodic
+// snapshot repairs whatever a skipped one would have, within its interval.
+func (c *Core) missed(now int64, pop string) {
+	if at, ok := c.gapAt[pop]; ok && now-at < int64(c.cfg.SnapshotInterval/2) {
+		return
+	}
+	c.gapAt[pop] = now
+	c.snapshotWanted = true
 }
