@@ -153,7 +153,34 @@ func (l *Limit) AppendKey(dst []byte, entries []Entry) []byte {
 // "api_platform api_key=abc endpoint=POST /orders (minute sliding_window
 // global)". A key AppendKey did not build is rendered as a quoted string.
 func DescribeKey(key string) string {
-	var parts []string
+	var buf [maxKeyEntries]Entry
+	k, ok := ParseKey(key, buf[:0])
+	if !ok {
+		return strconv.Quote(key)
+	}
+	parts := []string{k.Domain}
+	for _, e := range k.Entries {
+		parts = append(parts, e.Key+"="+e.Value)
+	}
+	return fmt.Sprintf("%s (%s %s %s)", strings.Join(parts, " "), k.Unit, k.Algorithm, k.Scope)
+}
+
+// maxKeyEntries is room for the entries of most keys without allocating.
+const maxKeyEntries = 16
+
+// Key is a store key built by AppendKey, read back by ParseKey.
+type Key struct {
+	Domain    string
+	Entries   []Entry
+	Algorithm limit.Algorithm
+	Unit      Unit
+	Scope     Scope
+}
+
+// ParseKey reads a store key built by AppendKey, appending its entries to
+// entries (pass a buffer to avoid allocating); the strings alias key. It
+// returns false for a key AppendKey did not build.
+func ParseKey(key string, entries []Entry) (Key, bool) {
 	rest := key
 	next := func() (string, bool) {
 		n, w := binary.Uvarint([]byte(rest))
@@ -166,21 +193,22 @@ func DescribeKey(key string) string {
 	}
 	domain, ok := next()
 	if !ok {
-		return strconv.Quote(key)
+		return Key{}, false
 	}
-	parts = append(parts, domain)
+	k := Key{Domain: domain, Entries: entries}
 	for len(rest) > 0 && rest[0] != 0 { // a key is never empty: 0 starts the suffix
-		k, ok1 := next()
-		v, ok2 := next()
+		ek, ok1 := next()
+		ev, ok2 := next()
 		if !ok1 || !ok2 {
-			return strconv.Quote(key)
+			return Key{}, false
 		}
-		parts = append(parts, k+"="+v)
+		k.Entries = append(k.Entries, Entry{Key: ek, Value: ev})
 	}
 	if len(rest) != 4 || int(rest[2]) >= len(unitNames) {
-		return strconv.Quote(key)
+		return Key{}, false
 	}
-	return fmt.Sprintf("%s (%s %s %s)", strings.Join(parts, " "), Unit(rest[2]), limit.Algorithm(rest[1]), limit.Scope(rest[3]))
+	k.Algorithm, k.Unit, k.Scope = limit.Algorithm(rest[1]), Unit(rest[2]), Scope(rest[3])
+	return k, true
 }
 
 // KeyWindow returns the window length of a store key built by AppendKey,

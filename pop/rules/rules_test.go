@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/edgelimit/edgelimit/pop/limit"
@@ -18,6 +19,20 @@ func TestDescribeKey(t *testing.T) {
 	for _, bad := range []string{"", "\xff", "x", "\x03api\x00"} {
 		if got := DescribeKey(bad); got == "" || got[0] != '"' {
 			t.Errorf("DescribeKey(%q) = %q, want a quoted fallback", bad, got)
+		}
+	}
+}
+
+func TestParseKey(t *testing.T) {
+	l := &Limit{Domain: "api", Unit: Hour, Scope: ScopeGlobal, Spec: limit.Spec{Algorithm: limit.FixedWindow}}
+	in := []Entry{{Key: "api_key", Value: "a\x00b"}, {Key: "endpoint", Value: ""}}
+	k, ok := ParseKey(string(l.AppendKey(nil, in)), nil)
+	if !ok || k.Domain != "api" || !slices.Equal(k.Entries, in) || k.Unit != Hour || k.Scope != ScopeGlobal || k.Algorithm != limit.FixedWindow {
+		t.Fatalf("ParseKey = %+v, %v", k, ok)
+	}
+	for _, bad := range []string{"", "\x05ab", "\x03api\x00\x00\x09\x02"} {
+		if _, ok := ParseKey(bad, nil); ok {
+			t.Errorf("ParseKey(%q) ok", bad)
 		}
 	}
 }

@@ -1,0 +1,127 @@
+package pop
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/edgelimit/edgelimit/pop/limit"
+	"github.com/edgelimit/edgelimit/pop/rules"
+)
+
+// BoundFactor is how many times a key's limit, as this PoP's rules set it, a
+// count from another replica may reach before the receiver clamps it
+// (ReplicaBounds.MaxCount).
+//
+// Why 4. A replica admits a hit only while its estimate plus the hits fit
+// the limit, and its own count of the window is part of that estimate (all of
+// it for sliding_window and fixed_window, the only algorithms that
+// replicate); a shadow limit stops counting at its limit; a global share
+// below 1 and the guess of unheard hits only make the limit smaller. So an
+// honest count never exceeds the highest limit its sender applied to the key
+// during the window. That may be above this PoP's limit: a quota lowered
+// mid-window (the counts stay), a rollout that raised it on the sender first,
+// a Redis-backed PoP that counted on its fallback store while Redis was away
+// and then on Redis again (up to twice its limit). 4 leaves room for all of
+// these; a count clamped at 4× this PoP's limit still puts the key over it
+// here, so this PoP decides as the true count would make it. What a clamp
+// loses: a request's own limit (Envoy's RateLimitOverride) above 4× its
+// rule's, on a region or global limit, is enforced against the other PoPs'
+// counts clamped at 4× the rule's.
+const BoundFactor = 4
+
+// bitSlack is how much later than its rule allows an honest bit may seem to
+// end: the sender's clock may run ahead of the receiver's (PoPs' clocks must
+// agree to a small fraction of the shortest window; see README).
+const bitSlack = time.Second
+
+// ReplicaBounds bounds what other replicas can honestly send, from the
+// engine's current rules: replication's receiver checks (core.Bounds). It is
+// safe for concurrent use and reads the rules the engine has at each call.
+type ReplicaBounds struct {
+	e    *Engine
+	most *atomic.Pointer[mostLimit]
+}
+
+// mostLimit is the highest replicable limit of a rule set.
+type mostLimit struct {
+	set  *rules.Set
+	most int64
+}
+
+// ReplicaBounds returns the bounds of e's rules.
+func (e *Engine) ReplicaBounds() ReplicaBounds {
+	return ReplicaBounds{e: e, most: new(atomic.Pointer[mostLimit])}
+}
+
+// mostLimit returns the highest replicable limit of set, at least MaxHits,
+// computed once per rule set.
+func (b ReplicaBounds) mostLimit(set *rules.Set) int64 {
+	if c := b.most.Load(); c != nil && c.set == set {
+		return c.most
+	}
+	most := int64(MaxHits)
+	for _, r := range set.Limits() {
+		if r.Scope != limit.ScopePOP && r.Spec.Algorithm.Replicable() {
+			most = max(most, r.Spec.Limit)
+		}
+	}
+	b.most.Store(&mostLimit{set, most})
+	return most
+}
+
+// lookup returns the rule limit of key, and the key's parts; ok is false for
+// a key no PoP replicates (not built by rules.Limit.AppendKey, pop scope, an
+// algorithm that does not replicate). l is nil when this PoP's rules have no
+// such limit (another domain, a rule not loaded here yet, a request's own
+// limit with a unit the rule does not have).
+func (b ReplicaBounds) lookup(key string, buf []rules.Entry) (l *rules.Limit, k rules.Key, ok bool) {
+	k, ok = rules.ParseKey(key, buf)
+	if !ok || k.Scope == limit.ScopePOP || !k.Algorithm.Replicable() {
+		return nil, k, false
+	}
+	d := b.e.Rules().Domain(k.Domain)
+	if d == nil {
+		return nil, k, true
+	}
+	for _, m := range d.Match(k.Entries) {
+		if m.Unit == k.Unit && m.Spec.Algorithm == k.Algorithm && m.Scope == k.Scope && !m.Unlimited {
+			return m, k, true
+		}
+	}
+	return nil, k, true
+}
+
+// MaxCount returns the highest count another replica can honestly report
+// for key in one window: BoundFactor × the key's limit here. A key no PoP
+// replicates gets 0. A key whose limit this PoP does not know gets
+// BoundFactor × the larger of the highest replicable limit here and MaxHits:
+// its count decides nothing here until a rule names it.
+func (b ReplicaBounds) MaxCount(key string) uint64 {
+	var buf [16]rules.Entry
+	l, _, ok := b.lookup(key, buf[:0])
+	switch {
+	case !ok:
+		return 0
+	case l != nil:
+		return BoundFactor * uint64(max(l.Spec.Limit, 0))
+	}
+	return BoundFactor * uint64(b.mostLimit(b.e.Rules()))
+}
+
+// MaxBit returns how long after now another PoP's mitigation bit on key can
+// honestly hold: the rule's mitigation duration when it has one, and
+// otherwise until the sliding estimate falls back under the limit, at most
+// two windows (the previous window's weight is gone by then); plus bitSlack.
+// A key no PoP replicates gets 0.
+func (b ReplicaBounds) MaxBit(key string) time.Duration {
+	var buf [16]rules.Entry
+	l, k, ok := b.lookup(key, buf[:0])
+	if !ok {
+		return 0
+	}
+	most := 2 * k.Unit.Duration()
+	if l != nil {
+		most = max(most, l.Mitigation)
+	}
+	return most + bitSlack
+}
