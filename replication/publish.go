@@ -70,6 +70,7 @@ func (r *Replicator) do(ctx context.Context) {
 		}
 	}
 	r.apply(rd)
+	r.noteRejects(&rd)
 	if rd.Share != 0 {
 		r.log.Warn("global limits rescaled: regions unreachable", "unreachable", rd.Unreachable, "share", rd.Share)
 		if r.cfg.SetGlobalShare != nil {

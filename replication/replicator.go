@@ -124,6 +124,7 @@ type Replicator struct {
 	retryBitsN                                            atomic.Int64
 	appliedBits, appliedSnapBits                          atomic.Uint64
 	droppedBits                                           [NumBitDropReasons]atomic.Uint64
+	rejected                                              [NumRejectReasons]atomic.Uint64
 	bitLag                                                lagHistogram
 }
 
@@ -306,6 +307,9 @@ func (r *Replicator) Stats() Stats {
 	}
 	for i := range s.DroppedBits {
 		s.DroppedBits[i] = r.droppedBits[i].Load()
+	}
+	for i := range s.Rejected {
+		s.Rejected[i] = r.rejected[i].Load()
 	}
 	return s
 }

@@ -573,6 +573,7 @@ func (r *run) startCores() error {
 			Region: r.top.regions[r.top.region[i]], POP: r.top.pops[i], Topology: t, Counts: r.stores[i],
 			FlushInterval: r.sc.FlushInterval, SnapshotInterval: r.sc.SnapshotInterval, HelloInterval: r.sc.HelloInterval,
 			BitsInterval: r.sc.BitsInterval, UnreachableAfter: r.sc.UnreachableAfter, PartitionShare: r.sc.PartitionShare,
+			Bounds: r.engines[i].ReplicaBounds(),
 		}
 		if r.mits != nil {
 			cfg.Bits = r.mits[i]

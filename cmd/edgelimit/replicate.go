@@ -145,7 +145,7 @@ func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog
 			Region: f.region, POP: f.pop, Topology: t, Conn: nc, Counts: counts, Bits: bits,
 			FlushInterval: f.flush, BitsInterval: f.urgent, SnapshotInterval: f.snapshot, StartSeq: seq, OnApplied: counts.Applied,
 			UnreachableAfter: f.unreachableAfter, PartitionShare: f.partitionShare, SetGlobalShare: h.SetGlobalShare,
-			Domains: domains(t), Logger: log.With("component", "replication"),
+			Domains: domains(t), Bounds: h.Bounds, Logger: log.With("component", "replication"),
 		})
 		if err != nil {
 			closeAll()
@@ -181,9 +181,11 @@ var (
 		{"edgelimit_mitigation_bits_published_total", "Mitigation bits JetStream acknowledged.", func(s replication.Stats) uint64 { return s.PublishedBits }},
 		{"edgelimit_mitigation_bits_applied_total", "Other PoPs' mitigation bits applied from batches.", func(s replication.Stats) uint64 { return s.AppliedBits }},
 	}
-	replDropped = prometheus.NewDesc("edgelimit_replication_dropped_messages_total", "Stream messages dropped as corrupt or unknown, by reason.", []string{"reason"}, nil)
-	replLag     = prometheus.NewDesc("edgelimit_replication_lag_seconds", "Replication lag of applied delta batches (sender's build to receiver's apply), by quantile.", []string{"quantile"}, nil)
-	bitLag      = prometheus.NewDesc("edgelimit_mitigation_propagation_seconds", "Mitigation bit propagation delay (issued at another PoP to applied here), by quantile.", []string{"quantile"}, nil)
+	replDropped  = prometheus.NewDesc("edgelimit_replication_dropped_messages_total", "Stream messages dropped as corrupt or unknown, by reason.", []string{"reason"}, nil)
+	replLag      = prometheus.NewDesc("edgelimit_replication_lag_seconds", "Replication lag of applied delta batches (sender's build to receiver's apply), by quantile.", []string{"quantile"}, nil)
+	bitLag       = prometheus.NewDesc("edgelimit_mitigation_propagation_seconds", "Mitigation bit propagation delay (issued at another PoP to applied here), by quantile.", []string{"quantile"}, nil)
+	replRejected = prometheus.NewDesc("edgelimit_replication_rejected_total",
+		"What the receiver refused or clamped as no PoP of the topology could have sent it, by reason: unknown_replica, sender_mismatch, count_bound, bit_end.", []string{"reason"}, nil)
 	replStalled = prometheus.NewDesc("edgelimit_replication_stalled_sources", "Other regions whose stream source is stalled.", nil, nil)
 )
 
@@ -198,6 +200,9 @@ func (c replicationCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for i, n := range s.Dropped {
 		ch <- prometheus.MustNewConstMetric(replDropped, prometheus.CounterValue, float64(n), replication.DropReason(i).String())
+	}
+	for i, n := range s.Rejected {
+		ch <- prometheus.MustNewConstMetric(replRejected, prometheus.CounterValue, float64(n), replication.RejectReason(i).String())
 	}
 	ch <- prometheus.MustNewConstMetric(replLag, prometheus.GaugeValue, s.Lag.P50.Seconds(), "0.5")
 	ch <- prometheus.MustNewConstMetric(replLag, prometheus.GaugeValue, s.Lag.P99.Seconds(), "0.99")

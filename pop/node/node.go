@@ -137,6 +137,9 @@ type ReplicaHooks struct {
 	// SetGlobalShare scales global limits while the region is cut off
 	// (pop.Engine.SetGlobalShare).
 	SetGlobalShare func(float64)
+	// Bounds is what other PoPs can honestly send, from the rules in force
+	// (pop.Engine.ReplicaBounds), for replication's receiver checks.
+	Bounds pop.ReplicaBounds
 }
 
 // Bits is a PoP's mitigation table as replication sees it (replication.Bits).
@@ -230,7 +233,8 @@ func Run(ctx context.Context, cfg Config) error {
 	defer cancel()
 	replErr := make(chan error, 1)
 	if cfg.Replicate != nil {
-		run, err := cfg.Replicate(ctx, ReplicaHooks{Counts: counts, Bits: mit, Registerer: reg, SetGlobalShare: eng.SetGlobalShare})
+		run, err := cfg.Replicate(ctx, ReplicaHooks{Counts: counts, Bits: mit, Registerer: reg, SetGlobalShare: eng.SetGlobalShare,
+			Bounds: eng.ReplicaBounds()})
 		if err != nil {
 			return fmt.Errorf("replication: %w", err)
 		}

@@ -143,7 +143,7 @@ type Core struct {
 	retry                          map[cellKey]uint64
 	ownBits, retryBits             crdt.Bits
 	heard                          map[string]uint64 // PoP -> its last beacon number
-	gapAt                          map[string]int64  // PoP -> when its last missed beacon asked for a snapshot
+	gapAt                          map[string]int64  // PoP -> until when its gap snapshots are spent (Core.missed)
 	reach                          *region.Reachability
 	unreachable                    []string
 	share                          float64

@@ -243,7 +243,7 @@ func TestSnapshotAfterBeaconGap(t *testing.T) {
 	c.l.Add("k", 0, 1)
 	take(func() *Core { rc.Tick(t0); return rc }())
 	beacon := func(at int64, seq uint64) { rc.Step(at, Message{Kind: Hello, Region: "us", POP: "iad1", Seq: seq}) }
-	half := int64(rc.Config().SnapshotInterval / 2)
+	iv := int64(rc.Config().SnapshotInterval)
 	at := t0
 	for _, tt := range []struct {
 		name     string
@@ -253,12 +253,13 @@ func TestSnapshotAfterBeaconGap(t *testing.T) {
 	}{
 		{"t1 a new PoP", 0, 10, true},
 		{"t2 the next beacon", 0, 11, false},
-		{"t3 a beacon went missing, soon after the first", 0, 13, false},
-		{"t4 a beacon went missing, half a snapshot interval after the first", half, 15, true},
-		{"t5 in order again", 0, 16, false},
-		{"t6 gaps again and again", 0, 18, false},
-		{"t7 and again", 0, 20, false},
-		{"t8 the PoP restarted", half, 5, true},
+		{"t3 a beacon went missing", 0, 13, true},
+		{"t4 in order again", 0, 14, false},
+		{"t5 another gap soon after", 0, 16, true},
+		{"t6 a third gap soon after", 0, 18, false},
+		{"t7 gaps again and again", 0, 20, false},
+		{"t8 a snapshot interval later", iv, 22, true},
+		{"t9 the PoP restarted, another interval later", iv, 5, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			at += hello + tt.wait
@@ -284,10 +285,12 @@ func TestBeaconGapStorm(t *testing.T) {
 	c.l.Add("k", 0, 1)
 	take(func() *Core { rc.Tick(t0); return rc }())
 	iv := int64(rc.Config().SnapshotInterval)
-	snaps, at := 0, t0
-	for seq := uint64(1); at+hello+flush < t0+iv; seq += 2 { // every beacon skips one; stop before the periodic snapshot
+	const intervals = 4
+	snaps, beacons, at := 0, 0, t0
+	for seq := uint64(1); at+hello+flush < t0+intervals*iv; seq += 2 { // every beacon skips one
 		at += hello
 		rc.Step(at, Message{Kind: Hello, Region: "us", POP: "iad1", Seq: seq})
+		beacons++
 		take(rc)
 		rc.Tick(at + flush)
 		if slices.Contains(kinds(take(rc)), Snapshot) {
@@ -295,9 +298,12 @@ func TestBeaconGapStorm(t *testing.T) {
 		}
 		at += flush
 	}
-	if snaps < 1 || snaps > 2 {
-		t.Fatalf("%d snapshots over one snapshot interval of gapped beacons, want 1 or 2", snaps)
+	// The periodic one per interval, the new PoP's, two at once and then one
+	// per interval for the gaps.
+	if want := intervals + 1 + 2 + (intervals - 1); snaps > want {
+		t.Fatalf("%d snapshots over %d snapshot intervals of %d gapped beacons, want at most %d", snaps, intervals, beacons, want)
 	}
+	t.Logf("%d snapshots over %d snapshot intervals of %d gapped beacons", snaps, intervals, beacons)
 }
 
 func TestReachabilityShare(t *testing.T) {

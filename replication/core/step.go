@@ -31,7 +31,7 @@ func (c *Core) Step(now int64, m Message) {
 		last, known := c.heard[m.POP]
 		c.heard[m.POP] = m.Seq
 		if !known || m.Seq != last+1 {
-			c.missed(now, m.POP)
+			c.missed(now, m.POP, known)
 		}
 		c.reach.Heard(m.Region, now)
 		c.review(now)
@@ -97,16 +97,22 @@ func (c *Core) review(now int64) {
 	}
 }
 
-// missed notes at now that a beacon of pop went missing, or pop is new: the
-// next flush publishes a snapshot, unless a gap of pop already asked for one
-// within the last half SnapshotInterval. A PoP whose beacons keep skipping
-// numbers (a flapping link, or a PoP forging them) so costs at most two extra
-// snapshots per SnapshotInterval, not one per HelloInterval; the periodic
-// snapshot repairs whatever a skipped one would have, within its interval.
-func (c *Core) missed(now int64, pop string) {
-	if at, ok := c.gapAt[pop]; ok && now-at < int64(c.cfg.SnapshotInterval/2) {
-		return
+// missed notes at now that pop is new or a beacon of it went missing: the
+// next flush publishes a snapshot. A new PoP always gets one; gaps of one PoP
+// get at most two at once and then one per SnapshotInterval (a GCRA, as
+// pop/limit's, on gapAt: the time the PoP's gap budget is spent until). So a
+// heal, or two, is repaired within a beacon interval, while a PoP whose
+// beacons keep skipping numbers (a flapping link, or a PoP forging them)
+// costs at most one extra snapshot per SnapshotInterval, not one per
+// HelloInterval; the periodic snapshot repairs what a skipped one would have.
+func (c *Core) missed(now int64, pop string, known bool) {
+	if known {
+		iv := int64(c.cfg.SnapshotInterval)
+		tat := max(c.gapAt[pop], now)
+		if tat-now > iv {
+			return
+		}
+		c.gapAt[pop] = tat + iv
 	}
-	c.gapAt[pop] = now
 	c.snapshotWanted = true
 }
