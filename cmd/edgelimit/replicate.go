@@ -23,6 +23,11 @@ type replFlags struct {
 	natsUser, natsPass    string
 	natsCreds, natsNKey   string
 	natsCA                string
+	natsPassFile          string
+	natsCert, natsKey     string
+	natsHost              string
+	natsAuthorized        string
+	natsUsers             []replication.PoPKey // read from natsAuthorized
 	natsListen            int
 	leafListen            int
 	leafRemotes           listFlag
@@ -83,7 +88,7 @@ func (f *replFlags) validate() (replication.Topology, error) {
 			return t, fmt.Errorf("--nats-nkey: %w", err)
 		}
 	}
-	return t, nil
+	return t, f.validateAuth(t)
 }
 
 // replicator returns the node's Replicate hook: restore the store from
@@ -112,8 +117,8 @@ func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog
 		}
 		url := f.natsURL
 		if url == "" {
-			cfg := replication.ServerConfig{Name: f.pop, Dir: filepath.Join(dataDir, "nats"), Port: f.natsListen, Domain: f.region,
-				Logger: log.With("component", "nats")}
+			cfg := replication.ServerConfig{Name: f.pop, Dir: filepath.Join(dataDir, "nats"), Host: f.natsHost, Port: f.natsListen,
+				Domain: f.region, Users: f.natsUsers, Logger: log.With("component", "nats")}
 			if f.leafListen != 0 || len(f.leafRemotes.values) > 0 {
 				cfg.Leaf = &replication.LeafConfig{Port: f.leafListen}
 				for _, u := range f.leafRemotes.values { // one hub region's server per URL
@@ -134,7 +139,7 @@ func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog
 			log.Info("embedded NATS serving", "url", url, "domain", f.region)
 		}
 		nc, err := replication.Connect(replication.ConnConfig{URL: url, Name: "edgelimit " + f.pop,
-			User: f.natsUser, Password: f.natsPass, NKeySeedFile: f.natsNKey, CredsFile: f.natsCreds, CAFile: f.natsCA,
+			User: f.natsUser, Password: f.natsPass, NKeySeedFile: f.natsNKey, CredsFile: f.natsCreds, CAFile: f.natsCA, CertFile: f.natsCert, KeyFile: f.natsKey,
 			Logger: log.With("component", "nats-client")})
 		if err != nil {
 			closeAll()
