@@ -183,7 +183,7 @@ type Key struct {
 func ParseKey(key string, entries []Entry) (Key, bool) {
 	rest := key
 	next := func() (string, bool) {
-		n, w := binary.Uvarint([]byte(rest))
+		n, w := uvarint(rest)
 		if w <= 0 || uint64(len(rest)-w) < n {
 			return "", false
 		}
@@ -228,6 +228,24 @@ func KeyScope(key string) (limit.Scope, bool) {
 		return 0, false
 	}
 	return limit.Scope(key[len(key)-1]), true
+}
+
+// uvarint is binary.Uvarint of a string, without copying it to bytes.
+func uvarint(s string) (uint64, int) {
+	var x uint64
+	var shift uint
+	for i := 0; i < len(s) && i < binary.MaxVarintLen64; i++ {
+		c := s[i]
+		if c < 0x80 {
+			if i == binary.MaxVarintLen64-1 && c > 1 {
+				return 0, -(i + 1) // overflow
+			}
+			return x | uint64(c)<<shift, i + 1
+		}
+		x |= uint64(c&0x7f) << shift
+		shift += 7
+	}
+	return 0, 0
 }
 
 func appendPart(dst []byte, s string) []byte {

@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"encoding/binary"
 	"slices"
 	"testing"
 
@@ -33,6 +34,19 @@ func TestParseKey(t *testing.T) {
 	for _, bad := range []string{"", "\x05ab", "\x03api\x00\x00\x09\x02"} {
 		if _, ok := ParseKey(bad, nil); ok {
 			t.Errorf("ParseKey(%q) ok", bad)
+		}
+	}
+}
+
+func TestUvarint(t *testing.T) {
+	for _, v := range []uint64{0, 1, 127, 128, 300, 1 << 20, 1<<63 + 5} {
+		b := binary.AppendUvarint(nil, v)
+		for _, in := range [][]byte{b, b[:len(b)-1], append(b, 9)} {
+			wn, ww := binary.Uvarint(in)
+			gn, gw := uvarint(string(in))
+			if wn != gn || ww != gw {
+				t.Errorf("uvarint(%x) = %d, %d; binary.Uvarint %d, %d", in, gn, gw, wn, ww)
+			}
 		}
 	}
 }
