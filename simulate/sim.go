@@ -304,6 +304,7 @@ type run struct {
 	delivering *message          // the message being delivered, while its Ready is done
 	share      []float64         // per PoP: the global share it enforces
 	reduced    int64             // decisions made at a reduced share
+	rejected   int64             // what the cores' receiver checks refused or clamped
 
 	issuedAt  [][]int64 // per PoP: issue times of bits not yet published
 	bitDelays []int64   // issue → delivery at another PoP, per bit and PoP
@@ -659,6 +660,9 @@ func (r *run) ready(p int) {
 			r.engines[p].SetGlobalShare(rd.Share)
 			r.share[p] = rd.Share
 		}
+		for _, n := range rd.Rejected {
+			r.rejected += int64(n)
+		}
 		c.Advance(rd)
 	}
 	r.reschedule(p)
@@ -899,6 +903,7 @@ func (r *run) result() Result {
 		Convergence:      quantiles(r.convergence),
 		Unconverged:      r.unconverged,
 		ReducedDecisions: r.reduced,
+		Rejected:         r.rejected,
 		Series:           o.series,
 		Overshoot:        o.hist,
 	}
