@@ -42,10 +42,10 @@ type ReplicaBounds struct {
 	most *atomic.Pointer[mostLimit]
 }
 
-// mostLimit is the highest replicable limit of a rule set.
+// mostLimit is the highest and the lowest replicable limit of a rule set.
 type mostLimit struct {
-	set  *rules.Set
-	most int64
+	set         *rules.Set
+	most, least int64
 }
 
 // ReplicaBounds returns the bounds of e's rules.
@@ -53,20 +53,35 @@ func (e *Engine) ReplicaBounds() ReplicaBounds {
 	return ReplicaBounds{e: e, most: new(atomic.Pointer[mostLimit])}
 }
 
-// mostLimit returns the highest replicable limit of set, at least MaxHits,
-// computed once per rule set.
-func (b ReplicaBounds) mostLimit(set *rules.Set) int64 {
+// limits returns the highest replicable limit of set, at least MaxHits, and
+// the lowest (MaxHits when there is none), computed once per rule set.
+func (b ReplicaBounds) limits(set *rules.Set) *mostLimit {
 	if c := b.most.Load(); c != nil && c.set == set {
-		return c.most
+		return c
 	}
-	most := int64(MaxHits)
+	c := &mostLimit{set: set, most: MaxHits, least: MaxHits}
+	first := true
 	for _, r := range set.Limits() {
-		if r.Scope != limit.ScopePOP && r.Spec.Algorithm.Replicable() {
-			most = max(most, r.Spec.Limit)
+		if r.Scope != limit.ScopePOP && r.Spec.Algorithm.Replicable() && !r.Unlimited {
+			c.most = max(c.most, r.Spec.Limit)
+			if first || r.Spec.Limit < c.least {
+				c.least, first = max(r.Spec.Limit, 0), false
+			}
 		}
 	}
-	b.most.Store(&mostLimit{set, most})
-	return most
+	b.most.Store(c)
+	return c
+}
+
+// CountFloor returns a count at or under every key's MaxCount, but for keys
+// no PoP replicates: BoundFactor × the lowest replicable limit of the rules.
+// The receiver skips MaxCount for counts at or under it (core.CountFloor):
+// most counts are far under their limit, and looking a key's rule up costs
+// more than the rest of receiving its slot. A key no PoP replicates (pop
+// scope, or not a store key) may so be applied with a count under the floor;
+// nothing counts it.
+func (b ReplicaBounds) CountFloor() uint64 {
+	return BoundFactor * uint64(b.limits(b.e.Rules()).least)
 }
 
 // lookup returns the rule limit of key, and the key's parts; ok is false for
@@ -105,7 +120,7 @@ func (b ReplicaBounds) MaxCount(key string) uint64 {
 	case l != nil:
 		return BoundFactor * uint64(max(l.Spec.Limit, 0))
 	}
-	return BoundFactor * uint64(b.mostLimit(b.e.Rules()))
+	return BoundFactor * uint64(b.limits(b.e.Rules()).most)
 }
 
 // MaxBit returns how long after now another PoP's mitigation bit on key can

@@ -30,6 +30,9 @@ func TestReplicaBounds(t *testing.T) {
 		t.Fatalf("own slots %v, want the global key's", own)
 	}
 	key := own[0].Key
+	if got, want := b.CountFloor(), uint64(BoundFactor*n); got != want {
+		t.Errorf("CountFloor = %d, want %d (the lowest replicable limit's bound)", got, want)
+	}
 	if got, want := b.MaxCount(key), uint64(BoundFactor*n); got != want {
 		t.Errorf("MaxCount(global key) = %d, want %d", got, want)
 	}

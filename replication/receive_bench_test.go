@@ -18,8 +18,10 @@ import (
 // of a global limit's keys, as the Replicator's loop runs it: decode, the
 // core's Step (with its checks), and the store's Apply (a replicating
 // pop/store.Memory). bounds=none checks the sender against the topology
-// only; bounds=rules also bounds every count by the rules (pop.ReplicaBounds).
-// Reported per slot.
+// only; bounds=rules also bounds counts by the rules (pop.ReplicaBounds),
+// where every count here is under the floor (4 × the lowest limit) and so
+// needs no lookup; bounds=lookup adds a rule of 10 per minute, so the floor
+// is 40 and most counts are looked up. Reported per slot.
 func BenchmarkReceiveDelta(b *testing.B) {
 	const n = 1000
 	root := &rules.Node{}
@@ -27,6 +29,15 @@ func BenchmarkReceiveDelta(b *testing.B) {
 		Spec: limit.Spec{Algorithm: limit.SlidingWindow, Limit: 1000, Window: int64(time.Minute)}}
 	root.Child("api_key", "").Add(l)
 	set, err := rules.NewSet(rules.NewDomain("api", "bench", root))
+	if err != nil {
+		b.Fatal(err)
+	}
+	low := *l
+	low.Path, low.Name, low.Spec.Limit = "ip", "ip", 10
+	root2 := &rules.Node{}
+	root2.Child("api_key", "").Add(l)
+	root2.Child("ip", "").Add(&low)
+	lowSet, err := rules.NewSet(rules.NewDomain("api", "bench", root2))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -41,13 +52,13 @@ func BenchmarkReceiveDelta(b *testing.B) {
 	data := appendDeltaBatch(nil, "par1", "eu", 1, now, slots)
 	for _, bc := range []struct {
 		name   string
-		bounds bool
-	}{{"none", false}, {"rules", true}} {
+		bounds *rules.Set
+	}{{"none", nil}, {"rules", set}, {"lookup", lowSet}} {
 		b.Run("bounds="+bc.name, func(b *testing.B) {
 			mem := store.NewMemory(store.MemoryConfig{Replica: "fra1", RegionPeers: []string{"par1"}})
 			cfg := core.Config{Region: "eu", POP: "fra1", Topology: topo, Counts: mem}
-			if bc.bounds {
-				cfg.Bounds = pop.NewEngine(mem, set, nil).ReplicaBounds()
+			if bc.bounds != nil {
+				cfg.Bounds = pop.NewEngine(mem, bc.bounds, nil).ReplicaBounds()
 			}
 			c, err := core.New(cfg, now)
 			if err != nil {

@@ -127,3 +127,39 @@ func TestForgedBeaconKeepsRegionCut(t *testing.T) {
 		t.Fatalf("share %v after iad1's own beacon, want 1", rd.Share)
 	}
 }
+
+// flooredBounds is a fixedBounds with a CountFloor, counting its lookups.
+type flooredBounds struct {
+	fixedBounds
+	floor   uint64
+	lookups *int
+}
+
+func (b flooredBounds) CountFloor() uint64 { return b.floor }
+func (b flooredBounds) MaxCount(key string) uint64 {
+	*b.lookups++
+	return b.fixedBounds.MaxCount(key)
+}
+
+// TestCountFloor: counts at or under the floor are applied without looking
+// their bound up; above it, the bound holds as before.
+func TestCountFloor(t *testing.T) {
+	lookups := 0
+	cfg := Config{Region: "eu", POP: "fra1", Topology: twoRegions, Counts: newCounts(),
+		Bounds: flooredBounds{fixedBounds{400, time.Hour}, 20, &lookups}}
+	rc, err := New(cfg, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	take(rc)
+	slots := []crdt.Slot{{Key: "a", Replica: "iad1", Count: 20}, {Key: "b", Replica: "iad1", Count: 21}, {Key: "c", Replica: "iad1", Count: 1 << 40}}
+	rc.Step(t0+1, Message{Kind: Delta, Region: "us", POP: "iad1", Slots: slots})
+	rd := take(rc)
+	want := []crdt.Slot{slots[0], slots[1], {Key: "c", Replica: "iad1", Count: 400}}
+	if len(rd.Apply) != 1 || !slices.Equal(rd.Apply[0].Slots, want) {
+		t.Fatalf("applied %v, want %v", rd.Apply, want)
+	}
+	if lookups != 2 || rd.Rejected[RejectCount] != 1 {
+		t.Fatalf("%d lookups (want 2: the counts over the floor), rejected %v", lookups, rd.Rejected)
+	}
+}
