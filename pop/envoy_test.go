@@ -1,0 +1,117 @@
+package pop
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/edgelimit/edgelimit/pop/rules"
+	"github.com/edgelimit/edgelimit/pop/store"
+)
+
+// envoyEngine loads the rule file text (Envoy ratelimit's format) into an
+// engine on the embedded store.
+func envoyEngine(t *testing.T, text string) *Engine {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	set, _, err := rules.Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NewEngine(store.NewMemory(store.MemoryConfig{}), set, nil)
+}
+
+// replacesRules is examples/ratelimit/config/example.yaml of Envoy's
+// ratelimit, cut to the limits its replaces cases touch.
+const replacesRules = `domain: rl
+descriptors:
+  - key: category
+    value: account
+    rate_limit:
+      replaces: [{name: bkthomps}, {name: fake_name}]
+      unit: minute
+      requests_per_unit: 4
+  - key: foo
+    rate_limit: {unit: minute, requests_per_unit: 2}
+    descriptors:
+      - key: bar
+        value: bkthomps
+        rate_limit: {name: bkthomps, unit: minute, requests_per_unit: 1}
+`
+
+// TestReplaces: a limit named in the replaces of another limit the request
+// matches does not apply to it — in another descriptor too — and applies as
+// usual to a request that does not match the replacing limit.
+func TestReplaces(t *testing.T) {
+	e := envoyEngine(t, replacesRules)
+	ctx := context.Background()
+	var res Result
+	both := &Request{Domain: "rl", Descriptors: []Descriptor{
+		{Entries: []rules.Entry{{Key: "category", Value: "account"}}},
+		{Entries: []rules.Entry{{Key: "foo", Value: "x"}, {Key: "bar", Value: "bkthomps"}}},
+	}}
+	for i := range 4 { // bkthomps (1/min) is replaced: the 4/min account limit decides
+		if err := e.CheckAt(ctx, t0, both, &res); err != nil || res.Code != OK {
+			t.Fatalf("check %d: %v %+v", i, err, res)
+		}
+		if st := res.Statuses[1]; st.Limit != nil || st.Code != OK {
+			t.Fatalf("check %d: the replaced descriptor reports %+v, want no limit", i, st)
+		}
+	}
+	if err := e.CheckAt(ctx, t0, both, &res); err != nil || res.Code != OverLimit || res.Statuses[0].Code != OverLimit {
+		t.Fatalf("5th: %v %+v, want the account limit over", err, res)
+	}
+	alone := &Request{Domain: "rl", Descriptors: both.Descriptors[1:]}
+	if err := e.CheckAt(ctx, t0, alone, &res); err != nil || res.Code != OK || res.Statuses[0].Limit.Name != "bkthomps" {
+		t.Fatalf("alone, 1st: %v %+v", err, res)
+	}
+	if err := e.CheckAt(ctx, t0, alone, &res); err != nil || res.Code != OverLimit {
+		t.Fatalf("alone, 2nd: %v %+v, want bkthomps (1/min) over", err, res)
+	}
+}
+
+// TestEnvoyStatuses: an unlimited descriptor is reported with remaining
+// 4294967295's flag and no limit; a shadow limit is reported (limit and
+// remaining, code OK, never in the headers) when the descriptor matched no
+// enforced limit, and gives way to an enforced one.
+func TestEnvoyStatuses(t *testing.T) {
+	e := envoyEngine(t, `domain: d
+descriptors:
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: shady
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: strict
+    rate_limit: {unit: minute, requests_per_unit: 5}
+`)
+	ctx := context.Background()
+	var res Result
+	r := &Request{Domain: "d", Descriptors: []Descriptor{
+		{Entries: []rules.Entry{{Key: "free", Value: "x"}}},
+		{Entries: []rules.Entry{{Key: "shady", Value: "x"}}},
+	}}
+	for i, wantRemaining := range []int64{1, 0, 0, 0} {
+		if err := e.CheckAt(ctx, t0, r, &res); err != nil || res.Code != OK {
+			t.Fatalf("check %d: %v %+v", i, err, res)
+		}
+		free, shady := res.Statuses[0], res.Statuses[1]
+		if !free.Unlimited || free.Limit != nil {
+			t.Fatalf("check %d: unlimited status %+v", i, free)
+		}
+		if !shady.Shadow || shady.Limit == nil || shady.Limit.Spec.Limit != 2 || shady.Code != OK || shady.Remaining != wantRemaining {
+			t.Fatalf("check %d: shadow status %+v, want limit 2, OK, remaining %d", i, shady, wantRemaining)
+		}
+		if res.Decisive != -1 || HeaderValues(t0, &res) != nil {
+			t.Fatalf("check %d: a shadow limit decided the headers (%d)", i, res.Decisive)
+		}
+	}
+	r.Descriptors = append(r.Descriptors, Descriptor{Entries: []rules.Entry{{Key: "strict", Value: "x"}}})
+	if err := e.CheckAt(ctx, t0, r, &res); err != nil || res.Code != OK || res.Decisive != 2 {
+		t.Fatalf("with an enforced limit: %v %+v, want it to decide the headers", err, res)
+	}
+}
