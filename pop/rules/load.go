@@ -241,9 +241,7 @@ func build(files []ruleFile, o Options) (*Set, []Warning, error) {
 		domains = append(domains, d)
 	}
 	for _, d := range domains {
-		if err := d.resolveReplaces(); err != nil {
-			errs = append(errs, &Error{File: d.File, Msg: err.Error()})
-		}
+		d.resolveReplaces()
 	}
 	if len(errs) > 0 {
 		return nil, warns, errors.Join(errs...)

@@ -72,7 +72,7 @@ func (n *Node) replaceWith(o *Node) { *n = *o }
 // resolveReplaces turns the names each limit replaces into the limits of the
 // domain with those configured names. A name no limit has replaces nothing,
 // as in Envoy's ratelimit.
-func (d *Domain) resolveReplaces() error {
+func (d *Domain) resolveReplaces() {
 	all := d.root.collect(nil)
 	byName := map[string][]*Limit{}
 	for _, l := range all {
@@ -87,7 +87,6 @@ func (d *Domain) resolveReplaces() error {
 			d.replaces = true
 		}
 	}
-	return nil
 }
 
 // HasReplaces reports whether a limit of the domain replaces others.
