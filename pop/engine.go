@@ -359,8 +359,11 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 		return nil
 	}
 	share := e.share.Load()
+	quotaMode := false
 	for i, l := range s.limits {
-		it := limit.Item{Key: s.key(i), Spec: l.Spec, Shadow: l.Shadow, FailClosed: l.FailClosed, Scope: l.Scope}
+		// A quota-mode limit never denies on its own (decideQuotaMode).
+		it := limit.Item{Key: s.key(i), Spec: l.Spec, Shadow: l.Shadow || l.QuotaMode, FailClosed: l.FailClosed, Scope: l.Scope}
+		quotaMode = quotaMode || l.QuotaMode
 		if share != 0 && l.Scope == limit.ScopeGlobal {
 			it.Spec.Limit = int64(float64(it.Spec.Limit) * math.Float64frombits(share))
 		}
@@ -384,7 +387,13 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 			}
 		}
 	}
-	admitted, err := e.decide(ctx, s, nowNs)
+	var admitted bool
+	var err error
+	if quotaMode {
+		admitted, err = e.decideQuotaMode(ctx, s, nowNs)
+	} else {
+		admitted, err = e.decide(ctx, s, nowNs)
+	}
 	if err != nil {
 		if !errors.Is(err, context.Canceled) || ctx.Err() == nil { // a caller that left is no store error
 			e.metrics.storeError()
@@ -548,7 +557,7 @@ func (e *Engine) mitigated(res *Result, l *rules.Limit, di int, wait time.Durati
 func (e *Engine) issue(s *scratch, nowNs int64) {
 	for i, l := range s.limits {
 		d := s.out[i]
-		if d.Allowed || l.Shadow || l.Scope == limit.ScopePOP || d.Remaining != 0 || s.hits[i] != 1 || s.override[i] {
+		if d.Allowed || l.Shadow || l.QuotaMode || l.Scope == limit.ScopePOP || d.Remaining != 0 || s.hits[i] != 1 || s.override[i] {
 			continue
 		}
 		until := nowNs + d.RetryAfter

@@ -115,3 +115,51 @@ descriptors:
 		t.Fatalf("with an enforced limit: %v %+v, want it to decide the headers", err, res)
 	}
 }
+
+// TestQuotaMode: quota-mode limits (Envoy's quota_mode, as in its
+// example.yaml) deny only together: a request is over when every descriptor
+// with a quota-mode limit is over one, or an ordinary limit denies it; over
+// quota statuses say OVER_LIMIT either way; a request denied for its quotas
+// spends nothing.
+func TestQuotaMode(t *testing.T) {
+	e := envoyEngine(t, `domain: rl
+descriptors:
+  - key: service
+    value: service_1
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: service
+    value: service_2
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: foo
+    rate_limit: {unit: minute, requests_per_unit: 5}
+`)
+	ctx := context.Background()
+	d := func(k, v string) Descriptor { return Descriptor{Entries: []rules.Entry{{Key: k, Value: v}}} }
+	check := func(want Code, wantCodes []Code, wantRemaining []int64, ds ...Descriptor) {
+		t.Helper()
+		var res Result
+		if err := e.CheckAt(ctx, t0, &Request{Domain: "rl", Descriptors: ds}, &res); err != nil {
+			t.Fatal(err)
+		}
+		if res.Code != want {
+			t.Fatalf("overall %v, want %v: %+v", res.Code, want, res.Statuses)
+		}
+		for i := range wantCodes {
+			if st := res.Statuses[i]; st.Code != wantCodes[i] || st.Remaining != wantRemaining[i] {
+				t.Fatalf("status %d: %v remaining %d, want %v remaining %d", i, st.Code, st.Remaining, wantCodes[i], wantRemaining[i])
+			}
+		}
+	}
+	one, two, foo := d("service", "service_1"), d("service", "service_2"), d("foo", "x")
+	check(OK, []Code{OK}, []int64{0}, one)
+	check(OverLimit, []Code{OverLimit}, []int64{0}, one) // its only quota is over
+	// service_2 still has room: the request passes, service_1 says over.
+	check(OK, []Code{OverLimit, OK, OK}, []int64{0, 1, 4}, one, two, foo)
+	check(OK, []Code{OverLimit, OK, OK}, []int64{0, 0, 3}, one, two, foo)
+	// Now both quotas are over: denied, and foo spends nothing.
+	check(OverLimit, []Code{OverLimit, OverLimit, OK}, []int64{0, 0, 3}, one, two, foo)
+	check(OverLimit, []Code{OverLimit, OverLimit, OK}, []int64{0, 0, 3}, one, two, foo)
+	check(OK, []Code{OK}, []int64{2}, foo)
+}

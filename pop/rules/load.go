@@ -62,9 +62,9 @@ const (
 )
 
 // Envoy ratelimit fields that edgelimit accepts and ignores, with a warning:
-// metric naming (detailed_metric, value_to_metric), quota_mode, and metadata,
+// metric naming (detailed_metric, value_to_metric) and metadata,
 // which Envoy's ratelimit returns only as dynamic metadata.
-var envoyDescriptorFields = []string{"detailed_metric", "value_to_metric", "quota_mode", "metadata"}
+var envoyDescriptorFields = []string{"detailed_metric", "value_to_metric", "metadata"}
 
 // Options change how rule files load.
 type Options struct {
@@ -566,7 +566,7 @@ func (p *parser) descriptors(items []*yaml.Node, path string, node *Node, depth 
 			p.errorf(item, "descriptors nest deeper than %d levels", maxDepth)
 			return
 		}
-		m := p.mapping(item, "descriptor", []string{"key", "value", "rate_limit", "rate_limits", "shadow_mode", "share_threshold", "descriptors"}, envoyDescriptorFields)
+		m := p.mapping(item, "descriptor", []string{"key", "value", "rate_limit", "rate_limits", "shadow_mode", "quota_mode", "share_threshold", "descriptors"}, envoyDescriptorFields)
 		if m == nil {
 			continue
 		}
@@ -603,9 +603,12 @@ func (p *parser) descriptors(items []*yaml.Node, path string, node *Node, depth 
 		// descriptor beside it (it "whitelists" that value).
 		child := node.Child(key, value)
 
-		shadow := false
+		shadow, quota := false, false
 		if f, ok := m["shadow_mode"]; ok {
 			shadow, _ = p.boolean(f, "shadow_mode")
+		}
+		if f, ok := m["quota_mode"]; ok {
+			quota, _ = p.boolean(f, "quota_mode")
 		}
 		share := ""
 		if f, ok := m["share_threshold"]; ok {
@@ -617,7 +620,7 @@ func (p *parser) descriptors(items []*yaml.Node, path string, node *Node, depth 
 			}
 		}
 		levels := append(slices.Clip(shared), share)
-		p.descriptorLimits(m, childPath, child, shadow, levels)
+		p.descriptorLimits(m, childPath, child, shadow, quota, levels)
 		if f, ok := m["descriptors"]; ok {
 			sub, _ := p.list(f, "descriptors")
 			p.descriptors(sub, childPath, child, depth+1, levels)
@@ -627,7 +630,7 @@ func (p *parser) descriptors(items []*yaml.Node, path string, node *Node, depth 
 
 // descriptorLimits parses rate_limit or rate_limits of one descriptor and
 // adds the limits to node.
-func (p *parser) descriptorLimits(m map[string]field, path string, node *Node, shadow bool, shared []string) {
+func (p *parser) descriptorLimits(m map[string]field, path string, node *Node, shadow, quota bool, shared []string) {
 	one, hasOne := m["rate_limit"]
 	many, hasMany := m["rate_limits"]
 	var objs []field
@@ -670,7 +673,7 @@ func (p *parser) descriptorLimits(m map[string]field, path string, node *Node, s
 		if !ok {
 			continue
 		}
-		l.Path, l.Shadow = path, shadow
+		l.Path, l.Shadow, l.QuotaMode = path, shadow, quota
 		if slices.ContainsFunc(shared, func(s string) bool { return s != "" }) {
 			l.Shared = shared
 		}

@@ -135,6 +135,10 @@ type Limit struct {
 	Scope      Scope
 	// Shadow limits are counted and reported but never deny (shadow_mode).
 	Shadow bool
+	// QuotaMode limits (Envoy's quota_mode) deny a request only together: it
+	// is over when every descriptor of it that matched a quota-mode limit is
+	// over one; otherwise they are counted like shadow limits.
+	QuotaMode bool
 	// Unlimited descriptors match and stop the search but count nothing.
 	Unlimited bool
 	// FailClosed denies instead of deciding on local knowledge when the
