@@ -210,8 +210,10 @@ type Engine struct {
 	metrics *Metrics
 	mit     *Mitigations  // nil: no mitigation bits
 	share   atomic.Uint64 // math.Float64bits of the global share; 0 bits = 1.0
-	clock   atomic.Int64  // correction of the wall clock, ns (SetClockOffset)
-	scratch sync.Pool
+	// countDenied: pop-scope limits count denied hits (SetCountDenied).
+	countDenied atomic.Bool
+	clock       atomic.Int64 // correction of the wall clock, ns (SetClockOffset)
+	scratch     sync.Pool
 }
 
 // SetClockOffset makes Check decide at the wall clock plus d: the correction
@@ -369,10 +371,12 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 		return nil
 	}
 	share := e.share.Load()
+	countDenied := e.countDenied.Load()
 	quotaMode := false
 	for i, l := range s.limits {
 		// A quota-mode limit never denies on its own (decideQuotaMode).
-		it := limit.Item{Key: s.key(i), Spec: l.Spec, Shadow: l.Shadow || l.QuotaMode, FailClosed: l.FailClosed, Scope: l.Scope}
+		it := limit.Item{Key: s.key(i), Spec: l.Spec, Shadow: l.Shadow || l.QuotaMode, FailClosed: l.FailClosed, Scope: l.Scope,
+			CountDenied: countDenied && l.Scope == limit.ScopePOP}
 		quotaMode = quotaMode || l.QuotaMode
 		if share != 0 && l.Scope == limit.ScopeGlobal {
 			it.Spec.Limit = int64(float64(it.Spec.Limit) * math.Float64frombits(share))
@@ -507,6 +511,9 @@ func (e *Engine) decideGroups(ctx context.Context, s *scratch, nowNs int64) (boo
 		hits := h
 		if peeking {
 			hits = peekHits(s.groupItems)
+			for j := range s.groupItems {
+				s.groupItems[j].CountDenied = false // a peek counts nothing
+			}
 		}
 		s.groupOut = append(s.groupOut[:0], make([]limit.Decision, len(s.groupIdx))...)
 		if err := e.store.CheckAt(ctx, nowNs, hits, s.groupItems, s.groupOut); err != nil {

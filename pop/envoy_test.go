@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/edgelimit/edgelimit/pop/rules"
 	"github.com/edgelimit/edgelimit/pop/store"
@@ -162,4 +163,50 @@ descriptors:
 	check(OverLimit, []Code{OverLimit, OverLimit, OK}, []int64{0, 0, 3}, one, two, foo)
 	check(OverLimit, []Code{OverLimit, OverLimit, OK}, []int64{0, 0, 3}, one, two, foo)
 	check(OK, []Code{OK}, []int64{2}, foo)
+}
+
+// TestCountDenied: with SetCountDenied a pop-scope limit counts denied hits
+// as Envoy's ratelimit does (the parity cases "hits 2, 2, then 1 on 3/min"
+// and "two descriptors, one over"); without it a denied request spends
+// nothing; a check-only descriptor counts nothing either way.
+func TestCountDenied(t *testing.T) {
+	const text = "domain: d\ndescriptors:\n  - key: foo\n    rate_limit: {unit: minute, requests_per_unit: 2}\n    descriptors:\n      - key: bar\n        rate_limit: {unit: minute, requests_per_unit: 3}\n"
+	ctx := context.Background()
+	foo := Descriptor{Entries: []rules.Entry{{Key: "foo", Value: "a"}}}
+	bar := Descriptor{Entries: []rules.Entry{{Key: "foo", Value: "a"}, {Key: "bar", Value: "x"}}}
+	run := func(count bool) (third Code, barRemaining int64) {
+		e := envoyEngine(t, text)
+		e.SetCountDenied(count)
+		var res Result
+		for i, h := range []int64{2, 2, 1} {
+			if err := e.CheckAt(ctx, t0, &Request{Domain: "d", HitsAddend: h, Descriptors: []Descriptor{bar}}, &res); err != nil {
+				t.Fatal(err)
+			}
+			if i == 2 {
+				third = res.Code
+			}
+		}
+		peek := bar
+		peek.HitsAddend = ptr(int64(0))
+		for range 3 {
+			if err := e.CheckAt(ctx, t0.Add(5*time.Minute), &Request{Domain: "d", Descriptors: []Descriptor{peek}}, &res); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := range 3 { // foo (2/min) denies the third; bar (3/min) had room
+			if err := e.CheckAt(ctx, t0.Add(5*time.Minute), &Request{Domain: "d", Descriptors: []Descriptor{bar, foo}}, &res); err != nil {
+				t.Fatal(err)
+			}
+			if want := OK; i < 2 && (res.Code != want || res.Statuses[0].Remaining != int64(2-i)) {
+				t.Fatalf("count %v: request %d after the check-only ones: %v, bar remaining %d; the checks counted", count, i, res.Code, res.Statuses[0].Remaining)
+			}
+		}
+		return third, res.Statuses[0].Remaining
+	}
+	if third, rem := run(false); third != OK || rem != 1 {
+		t.Errorf("default: third request %v (want OK), bar remaining %d (want 1: the denial spent nothing)", third, rem)
+	}
+	if third, rem := run(true); third != OverLimit || rem != 0 {
+		t.Errorf("counting denied hits: third request %v (want OVER_LIMIT), bar remaining %d (want 0)", third, rem)
+	}
 }

@@ -39,11 +39,15 @@ func (e *Engine) decideQuotaMode(ctx context.Context, s *scratch, nowNs int64) (
 		return !s.allQuotaOver(), nil
 	}
 	// Denied for its quotas: every item is only peeked at, so nothing is
-	// spent, and the quota items report the peek that found them over.
+	// spent — but the items that count denied hits (SetCountDenied), which
+	// are decided and counted as the peer counts them — and the quota items
+	// report the peek that found them over.
 	over := make([]limit.Decision, len(s.out))
 	copy(over, s.out)
 	for i := range s.hits {
-		s.hits[i] = 0
+		if !s.items[i].CountDenied {
+			s.hits[i] = 0
+		}
 	}
 	if _, err := e.decideGroups(ctx, s, nowNs); err != nil {
 		return false, err

@@ -46,6 +46,9 @@ type Config struct {
 	// MergeDomains lets several rule files define one domain, their
 	// descriptors joined (rules.Options.MergeDomains).
 	MergeDomains bool
+	// CountDeniedHits makes pop-scope limits count denied hits, as Envoy's
+	// ratelimit does (pop.Engine.SetCountDenied).
+	CountDeniedHits bool
 	// DataDir holds the PoP's durable state; it is created if missing.
 	DataDir string
 	// Store is "embedded" or a Redis URL (redis://, rediss://, or a
@@ -217,6 +220,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	eng := pop.NewEngine(st, set, metrics)
+	eng.SetCountDenied(cfg.CountDeniedHits)
 	var mit *pop.Mitigations
 	if cfg.Replica != "" {
 		mit = pop.NewMitigations(cfg.Replica)

@@ -42,7 +42,9 @@ type Case struct {
 	Name   string
 	Limits []limit.Spec
 	Shadow []bool // optional, per limit
-	Steps  []Step
+	// CountDenied sets limit.Item.CountDenied on every item.
+	CountDenied bool
+	Steps       []Step
 }
 
 var (
@@ -251,6 +253,36 @@ var Cases = []Case{
 			{At: 15*time.Hour + 6*time.Minute, Admitted: 1},
 		},
 	},
+	{
+		// Envoy's way (CountDenied): denied hits count, so a request that
+		// would fit after a denial of a larger one is denied too.
+		Name:        "counting denied hits keeps a client over",
+		Limits:      []limit.Spec{{Algorithm: limit.FixedWindow, Limit: 3, Window: minute}},
+		CountDenied: true,
+		Steps: []Step{
+			{At: 0, Hits: 2, Admitted: 1},
+			{At: time.Second, Hits: 2, Admitted: 0},
+			{At: 2 * time.Second, Admitted: 0, Want: []limit.Decision{{
+				Remaining: 0, RetryAfter: 58 * second, Reset: 58 * second,
+			}}},
+			{At: time.Minute, Admitted: 1},
+		},
+	},
+	{
+		Name: "counting denied hits spends the limits that had room",
+		Limits: []limit.Spec{
+			{Algorithm: limit.SlidingWindow, Limit: 100, Window: minute},
+			{Algorithm: limit.FixedWindow, Limit: 2, Window: minute},
+		},
+		CountDenied: true,
+		Steps: []Step{
+			{At: 0, Limit: []int{0, 1}, Times: 5, Admitted: 2, Want: []limit.Decision{
+				{Allowed: true, Remaining: 95, Reset: minute},
+				{Allowed: false, Remaining: 0, RetryAfter: minute, Reset: minute},
+			}},
+			{At: 0, Limit: []int{0}, Times: 96, Admitted: 95},
+		},
+	},
 	// Long and custom windows (week, month, year, unit_multiplier): fixed
 	// lengths aligned to the Unix epoch, as Envoy's ratelimit counts them.
 	{
@@ -342,6 +374,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 					if c.Shadow != nil {
 						items[i].Shadow = c.Shadow[li]
 					}
+					items[i].CountDenied = c.CountDenied
 				}
 				hits, times := max(step.Hits, 1), max(step.Times, 1)
 				now := T0.Add(step.At).UnixNano()
