@@ -642,7 +642,10 @@ func overrideLimit(dom *rules.Domain, matched []*rules.Limit, o *Override, di in
 	}
 	l.Unit, l.Multiplier = o.Unit, o.Multiplier
 	l.Spec.Limit, l.Spec.Window, l.Spec.Burst = o.RequestsPerUnit, int64(l.Window()), 0
+	// As Envoy's ratelimit builds an override: never shadow or quota mode,
+	// counted on the request's own values (no share_threshold pattern).
 	l.Shadow, l.Unlimited, l.Mitigation, l.Replaces = false, false, 0, nil
+	l.QuotaMode, l.Shared = false, nil
 	if err := l.Spec.Validate(); err != nil {
 		return nil, &RequestError{fmt.Sprintf("descriptors[%d].limit", di), fmt.Sprintf("does not fit the matched %s limit: %v", l.Spec.Algorithm, err)}
 	}
