@@ -163,6 +163,24 @@ descriptors:
 	check(OverLimit, []Code{OverLimit, OverLimit, OK}, []int64{0, 0, 3}, one, two, foo)
 	check(OverLimit, []Code{OverLimit, OverLimit, OK}, []int64{0, 0, 3}, one, two, foo)
 	check(OK, []Code{OK}, []int64{2}, foo)
+
+	// A request's own limit on a quota-mode descriptor is an ordinary limit,
+	// as Envoy's ratelimit builds one: it denies although service_2 has room.
+	e = envoyEngine(t, `domain: rl
+descriptors:
+  - key: service
+    value: service_1
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: service
+    value: service_2
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+`)
+	own := d("service", "service_1")
+	own.Limit = &Override{RequestsPerUnit: 1, Unit: rules.Minute}
+	check(OK, nil, nil, own, two)
+	check(OverLimit, []Code{OverLimit, OK}, []int64{0, 4}, own, two)
 }
 
 // TestCountDenied: with SetCountDenied a pop-scope limit counts denied hits
