@@ -43,6 +43,12 @@ type Config struct {
 	// without limits, which admits every request. Off, such a load is an
 	// error (rules.ErrNoLimits) and the last good rules stay.
 	AllowEmptyRules bool
+	// MergeDomains lets several rule files define one domain, their
+	// descriptors joined (rules.Options.MergeDomains).
+	MergeDomains bool
+	// CountDeniedHits makes pop-scope limits count denied hits, as Envoy's
+	// ratelimit does (pop.Engine.SetCountDenied).
+	CountDeniedHits bool
 	// DataDir holds the PoP's durable state; it is created if missing.
 	DataDir string
 	// Store is "embedded" or a Redis URL (redis://, rediss://, or a
@@ -158,7 +164,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if len(cfg.Rules) == 0 {
 		return errors.New("no rule files: give --rules a file or a directory (see deploy/examples/rules.yaml)")
 	}
-	set, warns, err := rules.Load(cfg.Rules...)
+	set, warns, err := rules.LoadWith(rules.Options{MergeDomains: cfg.MergeDomains}, cfg.Rules...)
 	if err != nil {
 		return fmt.Errorf("rules: %w", err)
 	}
@@ -214,6 +220,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	eng := pop.NewEngine(st, set, metrics)
+	eng.SetCountDenied(cfg.CountDeniedHits)
 	var mit *pop.Mitigations
 	if cfg.Replica != "" {
 		mit = pop.NewMitigations(cfg.Replica)
@@ -249,6 +256,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// they changed since the load above) and swaps them in.
 	watcher := rules.NewWatcher(cfg.Rules, cfg.RulesInterval, log)
 	watcher.AllowEmpty = cfg.AllowEmptyRules
+	watcher.Options.MergeDomains = cfg.MergeDomains
 	go watcher.Run(ctx,
 		func(s *rules.Set, warns []rules.Warning) {
 			for _, w := range warns {
@@ -272,14 +280,19 @@ func Run(ctx context.Context, cfg Config) error {
 		Ready:           health.ready,
 		MaxBodyMemory:   cfg.MaxBodyMemory,
 		HideMitigations: cfg.HideMitigations,
+		DecodeProto:     grpcapi.DecodeJSON,
 		Logger:          log,
 	})
+	// /json beside /v1/check: Envoy's ratelimit's own JSON endpoint.
+	mux := http.NewServeMux()
+	mux.Handle("/json", grpcapi.NewJSONHandler(grpcapi.Config{Engine: eng, Metrics: metrics, Logger: log}))
+	mux.Handle("/", api)
 	readTimeout := cfg.ReadTimeout
 	if readTimeout <= 0 {
 		readTimeout = DefaultReadTimeout
 	}
 	srv := &http.Server{
-		Handler: api,
+		Handler: mux,
 		// ReadTimeout covers a request's headers and body: a client that
 		// trickles its body is cut off (408) instead of holding a handler.
 		ReadTimeout:       readTimeout,
