@@ -66,6 +66,7 @@ func (l Link) Validate() error {
 type Proxy struct {
 	ln     net.Listener
 	target string
+	dialer net.Dialer
 
 	mu     sync.Mutex
 	cut    bool
@@ -77,17 +78,34 @@ type Proxy struct {
 }
 
 // NewProxy listens on a free loopback port and relays to target.
-func NewProxy(target string) (*Proxy, error) { return Listen("127.0.0.1:0", target, 0) }
+func NewProxy(target string) (*Proxy, error) { return Listen("127.0.0.1:0", target, Options{}) }
 
-// Listen listens on addr and relays to target; seed seeds the random source
-// of jitter and loss, so that a run can be replayed.
-func Listen(addr, target string, seed uint64) (*Proxy, error) {
+// Options are a Proxy's settings that cannot change once it runs.
+type Options struct {
+	// Seed seeds the random source of jitter and loss, so that a run can be
+	// replayed.
+	Seed uint64
+	// LocalAddr, when set, is the IP address the proxy dials the target
+	// from, choosing the network path to it.
+	LocalAddr string
+}
+
+// Listen listens on addr and relays to target.
+func Listen(addr, target string, opt Options) (*Proxy, error) {
+	p := &Proxy{target: target, conns: make(map[net.Conn]struct{}),
+		rng: rand.New(rand.NewPCG(opt.Seed, 0x6c62272e07bb0142)), dialer: net.Dialer{Timeout: time.Second}}
+	if opt.LocalAddr != "" {
+		ip := net.ParseIP(opt.LocalAddr)
+		if ip == nil {
+			return nil, fmt.Errorf("faultnet: LocalAddr %q is not an IP address", opt.LocalAddr)
+		}
+		p.dialer.LocalAddr = &net.TCPAddr{IP: ip}
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("faultnet: proxy listen on %s: %w", addr, err)
 	}
-	p := &Proxy{ln: ln, target: target, conns: make(map[net.Conn]struct{}),
-		rng: rand.New(rand.NewPCG(seed, 0x6c62272e07bb0142))}
+	p.ln = ln
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -173,7 +191,7 @@ func (p *Proxy) accept() {
 // closes or the proxy cuts them.
 func (p *Proxy) relay(in net.Conn) {
 	defer p.wg.Done()
-	out, err := net.DialTimeout("tcp", p.target, time.Second)
+	out, err := p.dialer.Dial("tcp", p.target)
 	if err != nil {
 		in.Close()
 		return

@@ -86,7 +86,7 @@ func TestProxy(t *testing.T) {
 // retransmission late, jitter never reorders bytes, and bad values are
 // refused with the field named.
 func TestProxyLink(t *testing.T) {
-	p, err := Listen("127.0.0.1:0", echoServer(t), 7)
+	p, err := Listen("127.0.0.1:0", echoServer(t), Options{Seed: 7, LocalAddr: "127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
 	}
