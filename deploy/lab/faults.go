@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -11,7 +12,8 @@ import (
 // survive, and checks what follows each:
 //
 //  1. a PoP killed with kill -9 and started again on its data: it must be
-//     ready again and hear every region;
+//     ready again, still hold what it counted before the kill (an hour-long
+//     limit's remaining), and apply the other PoPs' batches again;
 //  2. the first hub NATS server stopped: every PoP must keep hearing every
 //     region, and the other regions' batches must keep arriving by the
 //     stream.
@@ -20,6 +22,12 @@ func (l *lab) runFaults(ctx context.Context) []FaultResult {
 	hub := l.plan.Regions[0]
 
 	victim := hub.PoPs[len(hub.PoPs)-1]
+	const hits = 30
+	for range hits {
+		l.check(victim, durableKey, "before-kill", 1)
+	}
+	// Past a flush: what the PoP counted is saved before it is published.
+	_ = sleep(ctx, 3*l.plan.Scenario.FlushInterval+200*time.Millisecond)
 	t := time.Now()
 	l.mu.Lock()
 	p := l.procs[victim.Name]
@@ -30,10 +38,42 @@ func (l *lab) runFaults(ctx context.Context) []FaultResult {
 	if err == nil {
 		err = l.waitFor(ctx, 60*time.Second, victim.Name+" ready after kill -9", l.ready(victim))
 	}
+	detail := ""
 	if err == nil {
-		err = l.waitFor(ctx, 30*time.Second, victim.Name+" hears every region", l.shareIs(victim, 1))
+		rem, cerr := l.check(victim, durableKey, "before-kill", 0)
+		detail = fmt.Sprintf("remaining %d of %d after %d hits", rem, durableLimit, hits)
+		if cerr != nil {
+			err = cerr
+		} else if rem > durableLimit-hits {
+			err = fmt.Errorf("forgot its counts: %s", detail)
+		}
 	}
-	out = append(out, result("kill -9 "+victim.Name+", restart: ready, share 1", t, err))
+	if err == nil {
+		m0, _ := l.scrape(victim)
+		err = l.waitFor(ctx, 30*time.Second, victim.Name+" applies the others' batches again", func() error {
+			for _, o := range l.pops() {
+				if o != victim {
+					l.check(o, Key, "after-restart", 1)
+				}
+			}
+			m, err := l.scrape(victim)
+			if err != nil {
+				return err
+			}
+			if len(l.pops()) == 1 {
+				return nil
+			}
+			if v := m.get("edgelimit_replication_applied_batches_total"); v <= max(m0.get("edgelimit_replication_applied_batches_total"), 0) {
+				return fmt.Errorf("applied batches %v", v)
+			}
+			return nil
+		})
+	}
+	fr := result("kill -9 "+victim.Name+", restart: counts kept, replicating", t, err)
+	if fr.OK {
+		fr.Detail = detail
+	}
+	out = append(out, fr)
 
 	s := hub.NATS[0]
 	t = time.Now()
@@ -54,7 +94,7 @@ func (l *lab) runFaults(ctx context.Context) []FaultResult {
 	for _, h := range l.pops() {
 		if err = l.waitFor(ctx, 30*time.Second, h.Name+" applies new batches with "+s.Name+" down", func() error {
 			for _, o := range l.pops() {
-				l.hit(o, "after-hub-stop")
+				l.check(o, Key, "after-hub-stop", 1)
 			}
 			m, err := l.scrape(h)
 			if err != nil {
@@ -97,11 +137,22 @@ func (l *lab) shareIs(h Host, want float64) func() error {
 	}
 }
 
-// hit sends one check of value to h and ignores the answer.
-func (l *lab) hit(h Host, value string) {
-	body := fmt.Sprintf(`{"domain":%q,"descriptors":[{"entries":[{"key":%q,"value":%q}]}]}`, Domain, Key, value)
+// check sends one check of key=value with hits to h and returns the
+// remaining of its limit.
+func (l *lab) check(h Host, key, value string, hits int) (int64, error) {
+	body := fmt.Sprintf(`{"domain":%q,"descriptors":[{"entries":[{"key":%q,"value":%q}]}],"hits_addend":%d}`, Domain, key, value, hits)
 	resp, err := l.client.Post(fmt.Sprintf("http://%s:%d/v1/check", h.IP, popPort), "application/json", strings.NewReader(body))
-	if err == nil {
-		resp.Body.Close()
+	if err != nil {
+		return 0, err
 	}
+	defer resp.Body.Close()
+	var r struct {
+		Statuses []struct {
+			LimitRemaining int64 `json:"limit_remaining"`
+		} `json:"statuses"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil || len(r.Statuses) != 1 {
+		return 0, fmt.Errorf("check on %s: %s, statuses %v (%v)", h.Name, resp.Status, r.Statuses, err)
+	}
+	return r.Statuses[0].LimitRemaining, nil
 }

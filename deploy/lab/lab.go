@@ -35,6 +35,13 @@ const (
 	Key    = "api_key"
 )
 
+// durableKey is the descriptor key of the lab's hour-long limit of
+// durableLimit, which the faults use.
+const (
+	durableKey   = "durable"
+	durableLimit = 1000
+)
+
 // Config is one lab run.
 type Config struct {
 	Plan Plan
@@ -316,12 +323,15 @@ func sleep(ctx context.Context, d time.Duration) error {
 // rulesFile writes the lab's one rule: the scenario's limit, global.
 func (l *lab) rulesFile() (string, error) {
 	lim := l.plan.Scenario.Limit
-	text := fmt.Sprintf(`# The lab's rule: the scenario's limit, global across every PoP.
+	text := fmt.Sprintf(`# The lab's rules: the scenario's limit, global across every PoP, and an
+# hour-long one the faults use to see a PoP keep its counts across kill -9.
 domain: %s
 descriptors:
   - key: %s
     rate_limit: {unit: %s, requests_per_unit: %d, algorithm: %s, scope: global}
-`, Domain, Key, lim.Unit, lim.RequestsPerUnit, lim.Algorithm)
+  - key: %s
+    rate_limit: {unit: hour, requests_per_unit: %d, scope: global}
+`, Domain, Key, lim.Unit, lim.RequestsPerUnit, lim.Algorithm, durableKey, durableLimit)
 	path := filepath.Join(l.cfg.Dir, "rules.yaml")
 	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
 		return "", err
