@@ -12,6 +12,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/rules"
+	"github.com/edgelimit/edgelimit/pop/topkeys"
 )
 
 // Store is the counter store the engine decides against (store.Memory,
@@ -194,8 +195,9 @@ type Engine struct {
 	store   Store
 	rules   atomic.Pointer[rules.Set]
 	metrics *Metrics
-	mit     *Mitigations  // nil: no mitigation bits
-	share   atomic.Uint64 // math.Float64bits of the global share; 0 bits = 1.0
+	mit     *Mitigations    // nil: no mitigation bits
+	top     *topkeys.Sketch // nil: no top limited keys
+	share   atomic.Uint64   // math.Float64bits of the global share; 0 bits = 1.0
 	scratch sync.Pool
 }
 
@@ -225,6 +227,11 @@ func (e *Engine) GlobalShare() float64 {
 // limit issues a bit (until the sliding estimate falls back under the limit,
 // or for the rule's mitigation duration). Call it before serving.
 func (e *Engine) UseMitigations(m *Mitigations) { e.mit = m }
+
+// UseTopKeys makes the engine count every key a limit denies, or a
+// mitigation bit denies, in top (a fixed-memory sketch of the most limited
+// keys). Call it before serving.
+func (e *Engine) UseTopKeys(top *topkeys.Sketch) { e.top = top }
 
 // NewEngine returns an engine deciding against store with the given rules.
 // metrics may be nil.
@@ -359,6 +366,9 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 				continue
 			}
 			if until, ok := e.mit.Until(it.Key, nowNs); ok {
+				if e.top != nil {
+					e.top.Add(it.Key, 1)
+				}
 				e.mitigated(res, s.limits[i], s.owner[i], time.Duration(until-nowNs))
 				return nil
 			}
@@ -387,6 +397,9 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 		}
 		if l.Shadow {
 			continue
+		}
+		if !d.Allowed && e.top != nil {
+			e.top.Add(s.key(i), 1)
 		}
 		st := &res.Statuses[s.owner[i]]
 		if morePressing(d, st) {
