@@ -1,81 +1,15 @@
 package deploy
 
 import (
-	"encoding/json"
 	"fmt"
-	"net"
-	"net/http"
-	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/deploy/lab"
+	"github.com/edgelimit/edgelimit/pop/store/redistest"
 )
-
-// needBinary returns the path of name, skipping the test when it is
-// missing, except under CI=true, where it fails.
-func needBinary(t *testing.T, name, pkg string) string {
-	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI=true and %s is missing (apt-get install %s)", name, pkg)
-		}
-		t.Skipf("%s is missing (apt-get install %s)", name, pkg)
-	}
-	return p
-}
-
-// dashboardQueries returns every query of deploy/grafana/edgelimit.json,
-// with the panel it belongs to.
-func dashboardQueries(t *testing.T) map[string]string {
-	t.Helper()
-	var d struct {
-		Panels []struct {
-			Title   string
-			Targets []struct{ Expr string }
-		}
-	}
-	if err := json.Unmarshal([]byte(readRepoFile(t, "deploy/grafana/edgelimit.json")), &d); err != nil {
-		t.Fatalf("deploy/grafana/edgelimit.json: %v", err)
-	}
-	q := map[string]string{}
-	for _, p := range d.Panels {
-		for _, tg := range p.Targets {
-			q[tg.Expr] = p.Title
-		}
-	}
-	return q
-}
-
-// promQuery evaluates expr on the Prometheus at addr and returns its
-// series' label sets.
-func promQuery(addr, expr string) ([]map[string]string, error) {
-	resp, err := http.Get("http://" + addr + "/api/v1/query?query=" + url.QueryEscape(expr))
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	var r struct {
-		Status string
-		Error  string
-		Data   struct {
-			Result []struct{ Metric map[string]string }
-		}
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
-		return nil, err
-	}
-	if r.Status != "success" {
-		return nil, fmt.Errorf("%s", r.Error)
-	}
-	var out []map[string]string
-	for _, s := range r.Data.Result {
-		out = append(out, s.Metric)
-	}
-	return out, nil
-}
 
 // TestDashboardQueries evaluates every query of the Grafana dashboard
 // against a real Prometheus — deploy/prometheus/prometheus.yml and
@@ -84,11 +18,9 @@ func promQuery(addr, expr string) ([]map[string]string, error) {
 // NATS), under traffic that crosses a global limit: each query must return
 // series.
 func TestDashboardQueries(t *testing.T) {
-	prom := needBinary(t, "prometheus", "prometheus")
-	redis := needBinary(t, "redis-server", "redis-server")
+	prom := requireTool(t, "prometheus", "apt-get install prometheus")
+	redis := redistest.Start(t)
 	dir := t.TempDir()
-	redisPort := freePort(t)
-	start(t, "redis", redis, nil, "--port", fmt.Sprint(redisPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
 	rules := filepath.Join(dir, "rules.yaml")
 	if err := os.WriteFile(rules, []byte(`domain: edge
 descriptors:
@@ -98,15 +30,8 @@ descriptors:
 		t.Fatal(err)
 	}
 	pop := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	waitFor(t, 10*time.Second, "redis-server", func() error {
-		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", redisPort), time.Second)
-		if err == nil {
-			c.Close()
-		}
-		return err
-	})
 	startPoP(t, "pop", pop, nil, "--rules", rules, "--data", filepath.Join(dir, "pop"),
-		"--store", fmt.Sprintf("redis://127.0.0.1:%d", redisPort),
+		"--store", redis.URL(),
 		"--region", "eu", "--pop", "eu-1", "--topology", "eu=eu-1")
 
 	promAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
@@ -130,7 +55,10 @@ descriptors:
 		check(t, pop, fmt.Sprintf(`{"domain":"edge","descriptors":[{"entries":[{"key":"api_key","value":"k%d"}]}]}`, i%7))
 		time.Sleep(20 * time.Millisecond)
 	}
-	queries := dashboardQueries(t)
+	queries, err := lab.DashboardQueries("grafana/edgelimit.json")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(queries) < 10 {
 		t.Fatalf("the dashboard has %d queries; did its format change?", len(queries))
 	}
@@ -138,7 +66,7 @@ descriptors:
 		var series []map[string]string
 		waitFor(t, 20*time.Second, fmt.Sprintf("panel %q: %s", panel, expr), func() error {
 			var err error
-			series, err = promQuery(promAddr, expr)
+			series, err = lab.PromQuery(promAddr, expr)
 			if err == nil && len(series) == 0 {
 				err = fmt.Errorf("no series")
 			}

@@ -32,7 +32,7 @@ func (l *lab) runFaults(ctx context.Context) []FaultResult {
 	l.mu.Lock()
 	p := l.procs[victim.Name]
 	l.mu.Unlock()
-	p.kill()
+	p.Kill()
 	l.logf("fault: %s killed with kill -9", victim.Name)
 	err := l.startPoP(victim)
 	if err == nil {
@@ -80,7 +80,7 @@ func (l *lab) runFaults(ctx context.Context) []FaultResult {
 	l.mu.Lock()
 	p = l.procs[s.Name]
 	l.mu.Unlock()
-	p.terminate()
+	p.Terminate()
 	l.logf("fault: %s stopped", s.Name)
 	// Counts from other PoPs arrive by three paths: the stream (batches),
 	// core NATS while stream sourcing stalls (direct), and snapshots.

@@ -58,6 +58,12 @@ type Config struct {
 	// Faults adds, after the scenario, a PoP killed with kill -9 and
 	// restarted, and a hub NATS server stopped.
 	Faults bool
+	// Prometheus, when set, is the prometheus binary: the lab runs it with
+	// deploy/prometheus's files, evaluates the Grafana dashboard's queries
+	// at the end, and — with AlertPhase — cuts a region until the partition
+	// alert fires, heals it, and waits for the alert to resolve.
+	Prometheus string
+	AlertPhase bool
 	// PoPEnv is added to every PoP's environment: the place for per-PoP
 	// credentials (EDGELIMIT_NATS_CREDS, …) once the configs take them.
 	PoPEnv func(pop string) []string
@@ -68,10 +74,12 @@ type lab struct {
 	cfg    Config
 	plan   Plan
 	mu     sync.Mutex
-	procs  map[string]*proc // by host name; loads by "load-"+PoP+source
+	procs  map[string]*Proc // by host name; loads by "load-"+PoP+source
 	popArg map[string][]string
 	relays []*faultnet.Proxy
-	client *http.Client
+	// promAddr is the lab's Prometheus, host:port, once it runs.
+	promAddr string
+	client   *http.Client
 }
 
 func (l *lab) logf(format string, args ...any) {
@@ -88,7 +96,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		return Report{}, errors.New("lab: needs root (ip netns)")
 	}
 	began := time.Now()
-	l := &lab{cfg: cfg, plan: cfg.Plan, procs: map[string]*proc{}, popArg: map[string][]string{},
+	l := &lab{cfg: cfg, plan: cfg.Plan, procs: map[string]*Proc{}, popArg: map[string][]string{},
 		client: &http.Client{Timeout: 2 * time.Second}}
 	if left := Leftovers(); len(left) > 0 {
 		l.logf("removing what an earlier run left: %s", strings.Join(left, ", "))
@@ -124,12 +132,26 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if err := l.startPoPs(ctx); err != nil {
 		return Report{}, err
 	}
+	if cfg.Prometheus != "" {
+		if err := l.startPrometheus(ctx); err != nil {
+			return Report{}, err
+		}
+	}
 	rep, err = l.runScenario(ctx)
 	if err != nil {
 		return rep, err
 	}
 	if cfg.Faults {
 		rep.Faults = l.runFaults(ctx)
+	}
+	if cfg.Prometheus != "" && cfg.AlertPhase {
+		a := l.alertPhase(ctx)
+		rep.Alert = &a
+	}
+	if cfg.Prometheus != "" {
+		if rep.Dashboard, err = l.evalDashboard(); err != nil {
+			return rep, err
+		}
 	}
 	return rep, ctx.Err()
 }
@@ -139,8 +161,8 @@ func (l *lab) stopAll() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, p := range l.procs {
-		if !p.exited() {
-			p.kill()
+		if !p.Exited() {
+			p.Kill()
 		}
 	}
 	for _, r := range l.relays {
@@ -148,8 +170,8 @@ func (l *lab) stopAll() {
 	}
 }
 
-func (l *lab) start(h Host, name string, env []string, bin string, args ...string) (*proc, error) {
-	p, err := startIn(l.cfg.Dir, h.NS, name, env, bin, args...)
+func (l *lab) start(h Host, name string, env []string, bin string, args ...string) (*Proc, error) {
+	p, err := StartProc(l.cfg.Dir, h.NS, name, env, bin, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -277,8 +299,8 @@ func (l *lab) alive(name string, check func() error) error {
 	l.mu.Lock()
 	p := l.procs[name]
 	l.mu.Unlock()
-	if p != nil && p.exited() {
-		return &fatal{fmt.Errorf("%s exited: %s", name, p.tail(2000))}
+	if p != nil && p.Exited() {
+		return &fatal{fmt.Errorf("%s exited: %s", name, p.Tail(2000))}
 	}
 	return check()
 }
@@ -476,18 +498,18 @@ func (l *lab) scrape(h Host) (metrics, error) {
 }
 
 // readLoad parses the JSON report a load printed to its log.
-func readLoad(p *proc) (loadgen.Report, error) {
-	b, err := os.ReadFile(p.log)
+func readLoad(p *Proc) (loadgen.Report, error) {
+	b, err := os.ReadFile(p.Log)
 	if err != nil {
 		return loadgen.Report{}, err
 	}
 	i := strings.IndexByte(string(b), '{')
 	if i < 0 {
-		return loadgen.Report{}, fmt.Errorf("%s printed no report: %s", p.name, p.tail(1000))
+		return loadgen.Report{}, fmt.Errorf("%s printed no report: %s", p.Name, p.Tail(1000))
 	}
 	var rep loadgen.Report
 	if err := json.Unmarshal(b[i:], &rep); err != nil {
-		return loadgen.Report{}, fmt.Errorf("%s's report: %w", p.name, err)
+		return loadgen.Report{}, fmt.Errorf("%s's report: %w", p.Name, err)
 	}
 	return rep, nil
 }

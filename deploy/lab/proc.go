@@ -10,25 +10,30 @@ import (
 	"time"
 )
 
-// proc is a process the lab started inside a namespace. `ip netns exec`
-// execs the program itself, so the pid is the program's.
-type proc struct {
-	name string
-	log  string
+// Proc is a process the lab (or a test of deploy/) started, inside a
+// namespace or not. `ip netns exec` execs the program itself, so the pid
+// is the program's. Its methods are safe for concurrent use.
+type Proc struct {
+	Name string
+	Log  string // the file holding its output
 	cmd  *exec.Cmd
 	done chan struct{}
 }
 
-// startIn runs bin with args in namespace ns, its environment the lab's
-// plus env, its output in dir/name.log. A process whose lab dies is killed
-// with it (Pdeathsig); Teardown kills any that are left.
-func startIn(dir, ns, name string, env []string, bin string, args ...string) (*proc, error) {
+// StartProc runs bin with args in namespace ns (the caller's own for ""),
+// its environment the caller's plus env, its output in dir/name.log. A
+// process whose starter dies is killed with it (Pdeathsig); Teardown kills
+// any left in the lab's namespaces.
+func StartProc(dir, ns, name string, env []string, bin string, args ...string) (*Proc, error) {
 	log := filepath.Join(dir, name+".log")
 	f, err := os.Create(log)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, bin}, args...)...)
+	cmd := exec.Command(bin, args...)
+	if ns != "" {
+		cmd = exec.Command("ip", append([]string{"netns", "exec", ns, bin}, args...)...)
+	}
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Env = append(os.Environ(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -36,30 +41,30 @@ func startIn(dir, ns, name string, env []string, bin string, args ...string) (*p
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &proc{name: name, log: log, cmd: cmd, done: make(chan struct{})}
+	p := &Proc{Name: name, Log: log, cmd: cmd, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); f.Close(); close(p.done) }()
 	return p, nil
 }
 
-// kill sends SIGKILL (kill -9) and waits for the process to end.
-func (p *proc) kill() {
+// Kill sends SIGKILL (kill -9) and waits for the process to end.
+func (p *Proc) Kill() {
 	_ = p.cmd.Process.Signal(syscall.SIGKILL)
 	<-p.done
 }
 
-// terminate sends SIGTERM, as a service manager stops a service, and kills
+// Terminate sends SIGTERM, as a service manager stops a service, and kills
 // the process when it has not ended after 10 s.
-func (p *proc) terminate() {
+func (p *Proc) Terminate() {
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
 	case <-time.After(10 * time.Second):
-		p.kill()
+		p.Kill()
 	}
 }
 
-// exited says whether the process has ended.
-func (p *proc) exited() bool {
+// Exited says whether the process has ended.
+func (p *Proc) Exited() bool {
 	select {
 	case <-p.done:
 		return true
@@ -68,9 +73,9 @@ func (p *proc) exited() bool {
 	}
 }
 
-// tail returns the last n bytes of the process's log.
-func (p *proc) tail(n int) string {
-	b, _ := os.ReadFile(p.log)
+// Tail returns the last n bytes of the process's log.
+func (p *Proc) Tail(n int) string {
+	b, _ := os.ReadFile(p.Log)
 	if len(b) > n {
 		b = b[len(b)-n:]
 	}

@@ -28,6 +28,8 @@ type Report struct {
 	BitsReceived   int64
 	Partitions     []PartitionResult
 	Faults         []FaultResult
+	Alert          *AlertResult  // nil: no alert phase
+	Dashboard      []QueryResult // the Grafana dashboard's queries on the lab's Prometheus
 	Wall           time.Duration // the whole run, setup and teardown included
 }
 
@@ -147,6 +149,16 @@ func (r Report) WriteTable(w io.Writer, sim *simulate.Report) error {
 				ok = "FAILED"
 			}
 			fmt.Fprintf(&b, "  %-6s %-44s %10s  %s\n", ok, f.What, fmtDur(f.Took), f.Detail)
+		}
+	}
+	if a := r.Alert; a != nil {
+		fmt.Fprintf(&b, "\nalert %s, %s cut: fired after %s, resolved %s after the heal  %s\n",
+			PartitionAlert, a.Region, fmtDur(a.Fired), fmtDur(a.Resolved), a.Detail)
+	}
+	if len(r.Dashboard) > 0 {
+		b.WriteString("\ndashboard queries on the lab's Prometheus (series returned)\n")
+		for _, q := range r.Dashboard {
+			fmt.Fprintf(&b, "  %3d  %-50s %s %s\n", q.Series, q.Panel, q.Expr, q.Err)
 		}
 	}
 	fmt.Fprintf(&b, "\nwall time %v\n", r.Wall.Round(time.Second))

@@ -41,7 +41,7 @@ func (l *lab) runScenario(ctx context.Context) (Report, error) {
 
 	var wg sync.WaitGroup
 	errs := make(chan error, len(l.plan.Loads)+2*len(sc.Partitions))
-	loads := make([]*proc, len(l.plan.Loads))
+	loads := make([]*Proc, len(l.plan.Loads))
 	for i, lp := range l.plan.Loads {
 		wg.Go(func() {
 			if sleep(ctx, time.Until(t0.Add(lp.Start))) != nil {
@@ -114,7 +114,7 @@ func (l *lab) runScenario(ctx context.Context) (Report, error) {
 			return rep, err
 		}
 		if r.Errors > 0 {
-			l.logf("%s: %d errors (last: %s)", p.name, r.Errors, r.LastError)
+			l.logf("%s: %d errors (last: %s)", p.Name, r.Errors, r.LastError)
 		}
 		rep.LoadErrors += r.Errors
 		reports = append(reports, r)

@@ -8,12 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/edgelimit/edgelimit/pop"
-	"github.com/edgelimit/edgelimit/pop/limit/limittest"
-	"github.com/edgelimit/edgelimit/pop/rules"
-	"github.com/edgelimit/edgelimit/pop/store"
 	"github.com/edgelimit/edgelimit/pop/topkeys"
 )
 
@@ -21,19 +16,8 @@ import (
 // counted, allowed checks are not, GET /v1/top lists them most denied first
 // with their descriptions, and a bad n is a 400 naming the field.
 func TestTopEndpoint(t *testing.T) {
-	root := &rules.Node{}
-	l := lim("ip", 1, rules.Minute, "per_ip")
-	l.Scope = rules.ScopeGlobal
-	root.Child("ip", "").Add(l)
-	set, _ := rules.NewSet(rules.NewDomain("api_platform", "test", root))
-	c := &clock{t: limittest.T0.Add(30 * time.Second)}
-	m := pop.NewMitigations("eu-1")
-	eng := pop.NewEngine(store.NewMemory(store.MemoryConfig{Replica: "eu-1"}), set, nil)
-	eng.UseMitigations(m)
 	top := topkeys.New(8)
-	eng.UseTopKeys(top)
-	srv := httptest.NewServer(New(Config{Engine: eng, Mitigations: m, TopKeys: top, Now: c.now}))
-	defer srv.Close()
+	srv, eng := newMitigatingServer(t, top)
 	check := func(ip string) {
 		post(t, srv.URL+"/v1/check", fmt.Sprintf(`{"domain":"api_platform","descriptors":[{"entries":[{"key":"ip","value":%q}]}]}`, ip))
 	}

@@ -42,16 +42,17 @@ func main() {
 	duration := flag.Duration("duration", 0, "scale the scenario's times to this length (0: as written)")
 	faults := flag.Bool("faults", true, "after the scenario, kill -9 and restart a PoP and stop a hub NATS server")
 	dir := flag.String("dir", "", "directory for configs, data and logs (default: a new one under the system's temp dir)")
+	prom := flag.String("prometheus", "", "prometheus `binary`: scrape the PoPs with deploy/prometheus's files, evaluate the Grafana dashboard's queries, and cut a region until the partition alert fires and resolves (about 2 minutes more)")
 	teardown := flag.Bool("teardown", false, "only remove what an earlier run left behind, and exit")
 	flag.Usage = func() { fmt.Fprint(os.Stderr, usage); flag.PrintDefaults() }
 	flag.Parse()
-	if err := run(*scenario, *perRegion, *duration, *faults, *dir, *teardown); err != nil {
+	if err := run(*scenario, *perRegion, *duration, *faults, *prom, *dir, *teardown); err != nil {
 		fmt.Fprintln(os.Stderr, "lab:", err)
 		os.Exit(1)
 	}
 }
 
-func run(scenario string, perRegion int, duration time.Duration, faults bool, dir string, teardownOnly bool) error {
+func run(scenario string, perRegion int, duration time.Duration, faults bool, prom, dir string, teardownOnly bool) error {
 	if teardownOnly {
 		return lab.Teardown()
 	}
@@ -91,7 +92,7 @@ func run(scenario string, perRegion int, duration time.Duration, faults bool, di
 		return err
 	}
 	rep, err := lab.Run(ctx, lab.Config{Plan: plan, Root: root, Edgelimit: bin, NATSServer: natsBin,
-		Dir: dir, Log: os.Stderr, Faults: faults})
+		Dir: dir, Log: os.Stderr, Faults: faults, Prometheus: prom, AlertPhase: prom != ""})
 	if err != nil {
 		return fmt.Errorf("%w (logs in %s)", err, dir)
 	}
