@@ -13,6 +13,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/rules"
+	"github.com/edgelimit/edgelimit/pop/topkeys"
 )
 
 // Store is the counter store the engine decides against (store.Memory,
@@ -208,8 +209,9 @@ type Engine struct {
 	store   Store
 	rules   atomic.Pointer[rules.Set]
 	metrics *Metrics
-	mit     *Mitigations  // nil: no mitigation bits
-	share   atomic.Uint64 // math.Float64bits of the global share; 0 bits = 1.0
+	mit     *Mitigations    // nil: no mitigation bits
+	top     *topkeys.Sketch // nil: no top limited keys
+	share   atomic.Uint64   // math.Float64bits of the global share; 0 bits = 1.0
 	// countDenied: pop-scope limits count denied hits (SetCountDenied).
 	countDenied atomic.Bool
 	clock       atomic.Int64 // correction of the wall clock, ns (SetClockOffset)
@@ -251,6 +253,11 @@ func (e *Engine) GlobalShare() float64 {
 // limit issues a bit (until the sliding estimate falls back under the limit,
 // or for the rule's mitigation duration). Call it before serving.
 func (e *Engine) UseMitigations(m *Mitigations) { e.mit = m }
+
+// UseTopKeys makes the engine count every key a limit denies, or a
+// mitigation bit denies, in top (a fixed-memory sketch of the most limited
+// keys). Call it before serving.
+func (e *Engine) UseTopKeys(top *topkeys.Sketch) { e.top = top }
 
 // NewEngine returns an engine deciding against store with the given rules.
 // metrics may be nil.
@@ -396,6 +403,9 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 				continue
 			}
 			if until, ok := e.mit.Until(it.Key, nowNs); ok {
+				if e.top != nil {
+					e.top.Add(it.Key, 1)
+				}
 				e.mitigated(res, s.limits[i], s.owner[i], time.Duration(until-nowNs))
 				return nil
 			}
@@ -435,6 +445,9 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 				*st = Status{Limit: l, Remaining: d.Remaining, Reset: time.Duration(d.Reset), Shadow: true}
 			}
 			continue
+		}
+		if !d.Allowed && e.top != nil {
+			e.top.Add(s.key(i), 1)
 		}
 		if st.Shadow || morePressing(d, st) {
 			*st = Status{Limit: l, Remaining: d.Remaining, Reset: time.Duration(d.Reset), RetryAfter: time.Duration(d.RetryAfter)}

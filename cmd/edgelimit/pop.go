@@ -69,6 +69,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&cfg.ReadTimeout, "read-timeout", node.DefaultReadTimeout, "how long a client may take to send a request, headers and body (408 past it)")
 	fs.IntVar(&bodyMemoryMiB, "max-body-memory-mib", httpapi.DefaultMaxBodyMemory>>20, "MiB that request bodies in flight may hold together (503 with Retry-After past it); at least 24,\nwhat the largest batch needs")
 	fs.BoolVar(&mitigationsEndpoint, "mitigations-endpoint", true, "serve GET /v1/mitigations, which lists the keys under mitigation (possibly API keys)\nto anyone who can reach --listen")
+	fs.IntVar(&cfg.TopKeys, "top-keys", node.DefaultTopKeys, "size of the fixed-memory sketch of the most limited keys (GET /v1/top, unless\n--mitigations-endpoint=false; metric edgelimit_top_limited_keys); 0 keeps none")
 	fs.StringVar(&repl.region, "region", "", "this PoP's region; with --pop, limits with scope region or global count across PoPs")
 	fs.StringVar(&repl.pop, "pop", "", "this PoP's name, its replica name: unique across regions")
 	fs.StringVar(&repl.topology, "topology", "", "every region's PoPs: `region=pop,pop;region=pop` (default: this PoP alone)")
@@ -101,6 +102,8 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	}
 	cfg.Rules = rules.values
 	switch {
+	case cfg.TopKeys < 0:
+		return fmt.Errorf("--top-keys must be ≥ 0, got %d", cfg.TopKeys)
 	case cfg.MaxKeys <= 0:
 		return fmt.Errorf("--max-keys must be > 0, got %d", cfg.MaxKeys)
 	case cfg.RulesInterval <= 0:

@@ -39,6 +39,7 @@ import (
 	"github.com/edgelimit/edgelimit/pop"
 	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/rules"
+	"github.com/edgelimit/edgelimit/pop/topkeys"
 )
 
 // Bounds on request bodies.
@@ -64,6 +65,9 @@ type Config struct {
 	Engine *pop.Engine
 	// Mitigations, when set, is listed by GET /v1/mitigations.
 	Mitigations *pop.Mitigations
+	// TopKeys, when set, is listed by GET /v1/top (left out with
+	// HideMitigations, as it lists key values too).
+	TopKeys *topkeys.Sketch
 	// Metrics may be nil.
 	Metrics *pop.Metrics
 	// MetricsHandler serves /metrics; nil leaves it out.
@@ -173,6 +177,9 @@ func New(cfg Config) *Server {
 	s.mux.HandleFunc("/v1/check/batch", s.handleBatch)
 	if !cfg.HideMitigations {
 		s.mux.HandleFunc("/v1/mitigations", s.handleMitigations)
+		if cfg.TopKeys != nil {
+			s.mux.HandleFunc("/v1/top", onlyGet(s.handleTop))
+		}
 	}
 	s.mux.HandleFunc("/v1/authz", s.handleAuthz)
 	s.mux.HandleFunc("/v1/authz/", s.handleAuthz)

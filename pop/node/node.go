@@ -26,6 +26,7 @@ import (
 	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/rules"
 	"github.com/edgelimit/edgelimit/pop/store"
+	"github.com/edgelimit/edgelimit/pop/topkeys"
 )
 
 // Config is a PoP's configuration.
@@ -110,7 +111,11 @@ type Config struct {
 	// the keys (possibly API keys) under mitigation to anyone who can reach
 	// the port.
 	HideMitigations bool
-	Logger          *slog.Logger
+	// TopKeys is the size of the sketch of the most limited keys, served at
+	// GET /v1/top (unless HideMitigations) and as edgelimit_top_limited_keys;
+	// 0 keeps none.
+	TopKeys int
+	Logger  *slog.Logger
 	// Ready, when set, receives the address the API listens on once it does.
 	Ready chan<- net.Addr
 	// GRPCReady, when set with GRPCListen, receives the address the gRPC
@@ -221,6 +226,12 @@ func Run(ctx context.Context, cfg Config) error {
 
 	eng := pop.NewEngine(st, set, metrics)
 	eng.SetCountDenied(cfg.CountDeniedHits)
+	var top *topkeys.Sketch
+	if cfg.TopKeys > 0 {
+		top = topkeys.New(cfg.TopKeys)
+		eng.UseTopKeys(top)
+		reg.MustRegister(top.Collector(TopKeysMetric, rules.DescribeKey))
+	}
 	var mit *pop.Mitigations
 	if cfg.Replica != "" {
 		mit = pop.NewMitigations(cfg.Replica)
@@ -275,6 +286,7 @@ func Run(ctx context.Context, cfg Config) error {
 	api := httpapi.New(httpapi.Config{
 		Engine:          eng,
 		Mitigations:     mit,
+		TopKeys:         top,
 		Metrics:         metrics,
 		MetricsHandler:  promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
 		Ready:           health.ready,
