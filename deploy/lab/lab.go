@@ -15,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/edgelimit/edgelimit/internal/faultnet"
+	"github.com/edgelimit/edgelimit/deploy/lab/faultnet"
 	"github.com/edgelimit/edgelimit/pop/loadgen"
 	"github.com/edgelimit/edgelimit/pop/rules"
 )

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/edgelimit/edgelimit/internal/faultnet"
+	"github.com/edgelimit/edgelimit/deploy/lab/faultnet"
 	"github.com/edgelimit/edgelimit/simulate"
 )
 
