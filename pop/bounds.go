@@ -99,7 +99,7 @@ func (b ReplicaBounds) lookup(key string, buf []rules.Entry) (l *rules.Limit, k 
 		return nil, k, true
 	}
 	for _, m := range d.Match(k.Entries) {
-		if m.Unit == k.Unit && m.Spec.Algorithm == k.Algorithm && m.Scope == k.Scope && !m.Unlimited {
+		if m.Unit == k.Unit && max(m.Multiplier, 1) == k.Multiplier && m.Spec.Algorithm == k.Algorithm && m.Scope == k.Scope && !m.Unlimited {
 			return m, k, true
 		}
 	}
@@ -134,7 +134,7 @@ func (b ReplicaBounds) MaxBit(key string) time.Duration {
 	if !ok {
 		return 0
 	}
-	most := 2 * k.Unit.Duration()
+	most := 2 * k.Window()
 	if l != nil {
 		most = max(most, l.Mitigation)
 	}

@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/rules"
+	"github.com/edgelimit/edgelimit/pop/topkeys"
 )
 
 // Store is the counter store the engine decides against (store.Memory,
@@ -62,6 +64,8 @@ type Descriptor struct {
 type Override struct {
 	RequestsPerUnit int64      `json:"requests_per_unit"`
 	Unit            rules.Unit `json:"unit"`
+	// Multiplier is unit_multiplier: the window is that many units; 0 is 1.
+	Multiplier uint32 `json:"unit_multiplier,omitempty"`
 }
 
 // Request is a rate limit check, the JSON mapping of Envoy's RateLimitRequest.
@@ -129,6 +133,9 @@ func (r *Request) Validate() error {
 			if o.Unit.Duration() <= 0 {
 				return &RequestError{fmt.Sprintf("descriptors[%d].limit.unit", i), fmt.Sprintf("unknown unit %d", o.Unit)}
 			}
+			if o.Multiplier > 1 && time.Duration(o.Multiplier) > rules.MaxWindow/o.Unit.Duration() {
+				return &RequestError{fmt.Sprintf("descriptors[%d].limit.unit_multiplier", i), fmt.Sprintf("must be at most %d for unit %s (a window of at most %v), got %d", int64(rules.MaxWindow/o.Unit.Duration()), o.Unit, rules.MaxWindow, o.Multiplier)}
+			}
 		}
 	}
 	return nil
@@ -162,6 +169,14 @@ type Status struct {
 	Reset time.Duration
 	// RetryAfter is, when denied, the time until the same hits would fit.
 	RetryAfter time.Duration
+	// Unlimited is set when the descriptor matched an unlimited limit and no
+	// other; Limit is then nil. Envoy's ratelimit reports such a descriptor
+	// with limit_remaining 4294967295.
+	Unlimited bool
+	// Shadow is set when Limit is a shadow_mode limit, reported as Envoy's
+	// ratelimit reports one (its limit and remaining, code OK) because the
+	// descriptor matched no enforced limit. Headers never report it.
+	Shadow bool
 }
 
 // Result is the outcome of a check. Reuse one across calls to avoid allocation.
@@ -194,10 +209,13 @@ type Engine struct {
 	store   Store
 	rules   atomic.Pointer[rules.Set]
 	metrics *Metrics
-	mit     *Mitigations  // nil: no mitigation bits
-	share   atomic.Uint64 // math.Float64bits of the global share; 0 bits = 1.0
-	clock   atomic.Int64  // correction of the wall clock, ns (SetClockOffset)
-	scratch sync.Pool
+	mit     *Mitigations    // nil: no mitigation bits
+	top     *topkeys.Sketch // nil: no top limited keys
+	share   atomic.Uint64   // math.Float64bits of the global share; 0 bits = 1.0
+	// countDenied: pop-scope limits count denied hits (SetCountDenied).
+	countDenied atomic.Bool
+	clock       atomic.Int64 // correction of the wall clock, ns (SetClockOffset)
+	scratch     sync.Pool
 }
 
 // SetClockOffset makes Check decide at the wall clock plus d: the correction
@@ -235,6 +253,11 @@ func (e *Engine) GlobalShare() float64 {
 // limit issues a bit (until the sliding estimate falls back under the limit,
 // or for the rule's mitigation duration). Call it before serving.
 func (e *Engine) UseMitigations(m *Mitigations) { e.mit = m }
+
+// UseTopKeys makes the engine count every key a limit denies, or a
+// mitigation bit denies, in top (a fixed-memory sketch of the most limited
+// keys). Call it before serving.
+func (e *Engine) UseTopKeys(top *topkeys.Sketch) { e.top = top }
 
 // NewEngine returns an engine deciding against store with the given rules.
 // metrics may be nil.
@@ -275,6 +298,7 @@ type scratch struct {
 	groupItems []limit.Item
 	groupOut   []limit.Decision
 	decided    []bool
+	replaced   []*rules.Limit // see Engine.replaced
 }
 
 // Check decides req at the wall-clock time. See CheckAt.
@@ -307,6 +331,7 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 	defer e.scratch.Put(s)
 	s.keys, s.ends, s.items, s.limits, s.owner = s.keys[:0], s.ends[:0], s.items[:0], s.limits[:0], s.owner[:0]
 	s.hits, s.override = s.hits[:0], s.override[:0]
+	replaced := e.replaced(dom, req, s)
 
 	for di := range req.Descriptors {
 		d := &req.Descriptors[di]
@@ -323,6 +348,10 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 	limits:
 		for _, l := range matched {
 			if l.Unlimited {
+				res.Statuses[di].Unlimited = true
+				continue
+			}
+			if len(replaced) > 0 && d.Limit == nil && slices.Contains(replaced, l) {
 				continue
 			}
 			start := len(s.keys)
@@ -349,8 +378,13 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 		return nil
 	}
 	share := e.share.Load()
+	countDenied := e.countDenied.Load()
+	quotaMode := false
 	for i, l := range s.limits {
-		it := limit.Item{Key: s.key(i), Spec: l.Spec, Shadow: l.Shadow, FailClosed: l.FailClosed, Scope: l.Scope}
+		// A quota-mode limit never denies on its own (decideQuotaMode).
+		it := limit.Item{Key: s.key(i), Spec: l.Spec, Shadow: l.Shadow || l.QuotaMode, FailClosed: l.FailClosed, Scope: l.Scope,
+			CountDenied: countDenied && l.Scope == limit.ScopePOP}
+		quotaMode = quotaMode || l.QuotaMode
 		if share != 0 && l.Scope == limit.ScopeGlobal {
 			it.Spec.Limit = int64(float64(it.Spec.Limit) * math.Float64frombits(share))
 		}
@@ -369,12 +403,21 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 				continue
 			}
 			if until, ok := e.mit.Until(it.Key, nowNs); ok {
+				if e.top != nil {
+					e.top.Add(it.Key, 1)
+				}
 				e.mitigated(res, s.limits[i], s.owner[i], time.Duration(until-nowNs))
 				return nil
 			}
 		}
 	}
-	admitted, err := e.decide(ctx, s, nowNs)
+	var admitted bool
+	var err error
+	if quotaMode {
+		admitted, err = e.decideQuotaMode(ctx, s, nowNs)
+	} else {
+		admitted, err = e.decide(ctx, s, nowNs)
+	}
 	if err != nil {
 		if !errors.Is(err, context.Canceled) || ctx.Err() == nil { // a caller that left is no store error
 			e.metrics.storeError()
@@ -395,11 +438,18 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 		if s.hits[i] > 0 { // a check that counts nothing is no decision
 			e.metrics.decision(l, d.Allowed, admitted)
 		}
+		st := &res.Statuses[s.owner[i]]
 		if l.Shadow {
+			// Reported only while no enforced limit is (see Status.Shadow).
+			if st.Limit == nil || st.Shadow && d.Remaining < st.Remaining {
+				*st = Status{Limit: l, Remaining: d.Remaining, Reset: time.Duration(d.Reset), Shadow: true}
+			}
 			continue
 		}
-		st := &res.Statuses[s.owner[i]]
-		if morePressing(d, st) {
+		if !d.Allowed && e.top != nil {
+			e.top.Add(s.key(i), 1)
+		}
+		if st.Shadow || morePressing(d, st) {
 			*st = Status{Limit: l, Remaining: d.Remaining, Reset: time.Duration(d.Reset), RetryAfter: time.Duration(d.RetryAfter)}
 			if !d.Allowed {
 				st.Code = OverLimit
@@ -408,7 +458,7 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 	}
 	for i := range res.Statuses {
 		st := &res.Statuses[i]
-		if st.Limit == nil {
+		if st.Limit == nil || st.Shadow {
 			continue
 		}
 		if res.Decisive < 0 || statusMorePressing(st, &res.Statuses[res.Decisive]) {
@@ -474,6 +524,9 @@ func (e *Engine) decideGroups(ctx context.Context, s *scratch, nowNs int64) (boo
 		hits := h
 		if peeking {
 			hits = peekHits(s.groupItems)
+			for j := range s.groupItems {
+				s.groupItems[j].CountDenied = false // a peek counts nothing
+			}
 		}
 		s.groupOut = append(s.groupOut[:0], make([]limit.Decision, len(s.groupIdx))...)
 		if err := e.store.CheckAt(ctx, nowNs, hits, s.groupItems, s.groupOut); err != nil {
@@ -534,7 +587,7 @@ func (e *Engine) mitigated(res *Result, l *rules.Limit, di int, wait time.Durati
 func (e *Engine) issue(s *scratch, nowNs int64) {
 	for i, l := range s.limits {
 		d := s.out[i]
-		if d.Allowed || l.Shadow || l.Scope == limit.ScopePOP || d.Remaining != 0 || s.hits[i] != 1 || s.override[i] {
+		if d.Allowed || l.Shadow || l.QuotaMode || l.Scope == limit.ScopePOP || d.Remaining != 0 || s.hits[i] != 1 || s.override[i] {
 			continue
 		}
 		until := nowNs + d.RetryAfter
@@ -600,9 +653,12 @@ func overrideLimit(dom *rules.Domain, matched []*rules.Limit, o *Override, di in
 			break
 		}
 	}
-	l.Unit = o.Unit
-	l.Spec.Limit, l.Spec.Window, l.Spec.Burst = o.RequestsPerUnit, int64(o.Unit.Duration()), 0
-	l.Shadow, l.Unlimited, l.Mitigation = false, false, 0
+	l.Unit, l.Multiplier = o.Unit, o.Multiplier
+	l.Spec.Limit, l.Spec.Window, l.Spec.Burst = o.RequestsPerUnit, int64(l.Window()), 0
+	// As Envoy's ratelimit builds an override: never shadow or quota mode,
+	// counted on the request's own values (no share_threshold pattern).
+	l.Shadow, l.Unlimited, l.Mitigation, l.Replaces = false, false, 0, nil
+	l.QuotaMode, l.Shared = false, nil
 	if err := l.Spec.Validate(); err != nil {
 		return nil, &RequestError{fmt.Sprintf("descriptors[%d].limit", di), fmt.Sprintf("does not fit the matched %s limit: %v", l.Spec.Algorithm, err)}
 	}

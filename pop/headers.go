@@ -54,7 +54,7 @@ func HeaderValues(now time.Time, res *Result) []string {
 		if len(b) > ends[2] {
 			b = append(b, ", "...)
 		}
-		b = appendPolicy(b, l.Name, l.Spec.Limit, Seconds(l.Unit.Duration()))
+		b = appendPolicy(b, l.Name, l.Spec.Limit, Seconds(l.Window()))
 	}
 	ends[3] = len(b)
 	b = appendSFString(b, st.Limit.Name)

@@ -39,6 +39,7 @@ import (
 	"github.com/edgelimit/edgelimit/pop"
 	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/rules"
+	"github.com/edgelimit/edgelimit/pop/topkeys"
 )
 
 // Bounds on request bodies.
@@ -64,6 +65,9 @@ type Config struct {
 	Engine *pop.Engine
 	// Mitigations, when set, is listed by GET /v1/mitigations.
 	Mitigations *pop.Mitigations
+	// TopKeys, when set, is listed by GET /v1/top (left out with
+	// HideMitigations, as it lists key values too).
+	TopKeys *topkeys.Sketch
 	// Metrics may be nil.
 	Metrics *pop.Metrics
 	// MetricsHandler serves /metrics; nil leaves it out.
@@ -80,7 +84,11 @@ type Config struct {
 	// HideMitigations leaves GET /v1/mitigations out (404): it lists key
 	// values, possibly API keys, to anyone who can reach the port.
 	HideMitigations bool
-	Logger          *slog.Logger
+	// DecodeProto, when set, decodes a check body in Envoy's protobuf JSON
+	// mapping (grpcapi.DecodeJSON); /v1/check tries it on a body its own
+	// decoder refuses, so both snake_case and camelCase requests work.
+	DecodeProto func(body []byte) (*pop.Request, error)
+	Logger      *slog.Logger
 	// Now reads the clock; nil means time.Now. The simulator and tests set it.
 	Now func() time.Time
 }
@@ -169,6 +177,9 @@ func New(cfg Config) *Server {
 	s.mux.HandleFunc("/v1/check/batch", s.handleBatch)
 	if !cfg.HideMitigations {
 		s.mux.HandleFunc("/v1/mitigations", s.handleMitigations)
+		if cfg.TopKeys != nil {
+			s.mux.HandleFunc("/v1/top", onlyGet(s.handleTop))
+		}
 	}
 	s.mux.HandleFunc("/v1/authz", s.handleAuthz)
 	s.mux.HandleFunc("/v1/authz/", s.handleAuthz)
@@ -227,10 +238,16 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		// which would keep strings of an earlier request.
 		st.req = pop.Request{}
 		if err := s.decodeSlow(st, &st.req); err != nil {
-			s.bodyFailed(w, "check", err)
-			return
-		}
-		if !utf8.Valid(st.body) {
+			// Envoy's protobuf JSON (hitsAddend, integers as strings, units
+			// by number) is a request too; when that fails as well, the
+			// plain decoder's message names the problem.
+			req, perr := s.decodeProto(st.body, err)
+			if perr != nil {
+				s.bodyFailed(w, "check", err)
+				return
+			}
+			st.req = *req
+		} else if !utf8.Valid(st.body) {
 			field := invalidUTF8Field(&st.req, "")
 			s.badRequest(w, "check", cmp.Or(field, "body"), cmp.Or(field, "body")+": invalid UTF-8")
 			return
@@ -462,6 +479,16 @@ func (s *Server) decodeSlow(st *reqState, v any) error {
 	return decodeStrict(st.body, v)
 }
 
+// decodeProto decodes body with Config.DecodeProto after the plain decoder
+// failed with err; it returns err itself when there is no DecodeProto or the
+// failure was not about the body's contents (the memory budget).
+func (s *Server) decodeProto(body []byte, err error) (*pop.Request, error) {
+	if s.cfg.DecodeProto == nil || errors.Is(err, errBusy) {
+		return nil, err
+	}
+	return s.cfg.DecodeProto(body)
+}
+
 // invalidUTF8Field names the first field of req that holds U+FFFD, the
 // replacement encoding/json makes for invalid UTF-8, prefixed by prefix, or
 // "" when none does.
@@ -560,6 +587,8 @@ func appendResult(b []byte, res *pop.Result) []byte {
 			b = append(b, `,"duration_until_reset":"`...)
 			b = strconv.AppendInt(b, seconds(st.UntilReset()), 10)
 			b = append(b, `s"`...)
+		} else if st.Unlimited {
+			b = append(b, `,"limit_remaining":4294967295`...)
 		}
 		b = append(b, '}')
 	}
@@ -580,7 +609,7 @@ func appendDenial(b []byte, req *pop.Request, res *pop.Result) []byte {
 	b = append(b, `,"limit":`...)
 	b = strconv.AppendInt(b, st.Limit.Spec.Limit, 10)
 	b = append(b, `,"window":"`...)
-	b = append(b, shortDuration(st.Limit.Unit.Duration())...)
+	b = append(b, shortDuration(st.Limit.Window())...)
 	b = append(b, `","scope":"`...)
 	b = appendDescriptor(b, entries)
 	b = append(b, `","policy":`...)
