@@ -174,6 +174,9 @@ type Result struct {
 	Decisive int
 	// Policies are the enforced limits the request matched, for RateLimit-Policy.
 	Policies []*rules.Limit
+	// Lease, when the request was admitted holding concurrency slots
+	// (CheckLeaseAt), is the token that releases them; else "".
+	Lease string
 }
 
 // Engine decides checks: it matches a request's descriptors to limits in the
@@ -192,6 +195,7 @@ type Result struct {
 // a check sees one rule set throughout.
 type Engine struct {
 	store   Store
+	leases  Leaser // nil: concurrency limits are not applied (UseLeases)
 	rules   atomic.Pointer[rules.Set]
 	metrics *Metrics
 	mit     *Mitigations  // nil: no mitigation bits
@@ -265,6 +269,15 @@ type scratch struct {
 	groupItems []limit.Item
 	groupOut   []limit.Decision
 	decided    []bool
+	// slot* hold the request's concurrency limits (concurrency.go).
+	slots        []limit.SlotItem
+	slotOut      []limit.SlotDecision
+	slotLimits   []*rules.Limit
+	slotOwner    []int
+	slotKey      []byte
+	leaseID      limit.LeaseID
+	leased       bool // the slots are held
+	slotsDecided bool // slotOut holds decisions
 }
 
 // Check decides req at the wall-clock time. See CheckAt.
@@ -274,8 +287,14 @@ func (e *Engine) Check(ctx context.Context, req *Request, res *Result) error {
 
 // CheckAt decides req at now and writes the outcome to res. It returns a
 // *RequestError for a malformed request and the store's error when the store
-// could not decide; then res is not valid.
+// could not decide; then res is not valid. Concurrency limits are left out
+// (see CheckLeaseAt).
 func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *Result) error {
+	return e.check(ctx, now, req, res, false)
+}
+
+// check is CheckAt, with the request's concurrency limits when leases.
+func (e *Engine) check(ctx context.Context, now time.Time, req *Request, res *Result, leases bool) error {
 	if err := req.Validate(); err != nil {
 		return err
 	}
@@ -285,6 +304,7 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 	res.Code, res.Decisive = OK, -1
 	res.Statuses = res.Statuses[:0]
 	res.Policies = res.Policies[:0]
+	res.Lease = ""
 	for range req.Descriptors {
 		res.Statuses = append(res.Statuses, Status{})
 	}
@@ -297,6 +317,7 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 	defer e.scratch.Put(s)
 	s.keys, s.ends, s.items, s.limits, s.owner = s.keys[:0], s.ends[:0], s.items[:0], s.limits[:0], s.owner[:0]
 	s.hits, s.override = s.hits[:0], s.override[:0]
+	s.slots, s.slotLimits, s.slotOwner = s.slots[:0], s.slotLimits[:0], s.slotOwner[:0]
 
 	for di := range req.Descriptors {
 		d := &req.Descriptors[di]
@@ -313,6 +334,13 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 	limits:
 		for _, l := range matched {
 			if l.Unlimited {
+				continue
+			}
+			if l.Concurrent() {
+				if leases && hits > 0 {
+					s.addSlot(l, entries, di)
+					res.Policies = append(res.Policies, l)
+				}
 				continue
 			}
 			start := len(s.keys)
@@ -335,7 +363,7 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 		}
 	}
 	n := len(s.limits)
-	if n == 0 {
+	if n == 0 && len(s.slots) == 0 {
 		return nil
 	}
 	share := e.share.Load()
@@ -364,13 +392,25 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 			}
 		}
 	}
-	admitted, err := e.decide(ctx, s, nowNs)
+	slotsOK := e.acquire(ctx, s, nowNs)
+	if !slotsOK {
+		clear(s.hits) // no slot: the rate limits are only peeked at
+	}
+	admitted := true
+	var err error
+	if n > 0 {
+		admitted, err = e.decide(ctx, s, nowNs)
+	}
 	if err != nil {
+		e.settleSlots(ctx, s, res, false, nowNs) // gives back the slots
+		res.Lease = ""
 		if !errors.Is(err, context.Canceled) || ctx.Err() == nil { // a caller that left is no store error
 			e.metrics.storeError()
 		}
 		return fmt.Errorf("pop: store: %w", err)
 	}
+	admitted = admitted && slotsOK
+	e.settleSlots(ctx, s, res, admitted, nowNs)
 	if !admitted {
 		res.Code = OverLimit
 		// No bits while the region is cut off: a key over its reduced share

@@ -211,6 +211,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	eng := pop.NewEngine(st, set, metrics)
+	eng.UseLeases(leaserFor(counts))
 	var mit *pop.Mitigations
 	if cfg.Replica != "" {
 		mit = pop.NewMitigations(cfg.Replica)

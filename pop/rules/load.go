@@ -540,7 +540,7 @@ func (p *parser) descriptors(items []*yaml.Node, path string, node *Node, depth 
 			p.errorf(item, "descriptors nest deeper than %d levels", maxDepth)
 			return
 		}
-		m := p.mapping(item, "descriptor", []string{"key", "value", "rate_limit", "rate_limits", "shadow_mode", "descriptors"}, envoyDescriptorFields)
+		m := p.mapping(item, "descriptor", []string{"key", "value", "rate_limit", "rate_limits", "shadow_mode", "descriptors", "concurrency"}, envoyDescriptorFields)
 		if m == nil {
 			continue
 		}
@@ -582,6 +582,9 @@ func (p *parser) descriptors(items []*yaml.Node, path string, node *Node, depth 
 			shadow, _ = p.boolean(f, "shadow_mode")
 		}
 		p.descriptorLimits(m, childPath, child, shadow)
+		if f, ok := m["concurrency"]; ok {
+			p.concurrency(f, childPath, child, shadow)
+		}
 		if f, ok := m["descriptors"]; ok {
 			sub, _ := p.list(f, "descriptors")
 			p.descriptors(sub, childPath, child, depth+1)

@@ -132,6 +132,9 @@ type Limit struct {
 	// scope (a ban); when zero, a crossing is mitigated until the sliding
 	// estimate falls back under the limit.
 	Mitigation time.Duration
+	// LeaseTTL, when set, makes this a concurrency limit (a descriptor's
+	// concurrency field; see Concurrent).
+	LeaseTTL time.Duration
 }
 
 // AppendKey appends the store key of this limit for a request whose descriptor
