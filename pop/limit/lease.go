@@ -151,7 +151,7 @@ func ParseLease(token string) (Lease, error) {
 	if len(token) > base64.RawURLEncoding.EncodedLen(1+16+16*MaxLeaseKeys) {
 		return Lease{}, fmt.Errorf("%w: %d characters is too long", ErrBadLease, len(token))
 	}
-	b, err := base64.RawURLEncoding.DecodeString(token)
+	b, err := base64.RawURLEncoding.Strict().DecodeString(token) // one token per lease
 	switch {
 	case err != nil:
 		return Lease{}, fmt.Errorf("%w: not URL-safe base64", ErrBadLease)
