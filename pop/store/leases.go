@@ -19,19 +19,38 @@ const sweepEvery = 4096
 // an acquisition or release is given a now past its expiry, whatever the
 // wall clock says.
 //
+// A set keeps its leases in a map (for release) and in a queue by expiry
+// (for expiry), so an acquisition costs O(1) amortized whatever the limit,
+// as a Redis sorted set's O(log n). The queue is in expiry order as long as
+// a limit's lease_ttl stays the same; after a reload shortens it, a lease
+// that expired behind a longer one counts until that one goes (a denial too
+// many, never one too few).
+//
 // Sets without live leases are dropped, and every sweepEvery acquisitions
 // all sets are swept, so memory follows the leases held, not the keys seen.
 // The zero value is not usable; call NewLeases. A Leases is safe for
 // concurrent use.
 type Leases struct {
 	mu       sync.Mutex
-	sets     map[limit.SlotKey]map[limit.LeaseID]int64 // lease → expiry (ns)
-	acquired int                                       // since the last sweep
+	sets     map[limit.SlotKey]*slotSet
+	acquired int // since the last sweep
+}
+
+// slotSet is one key's leases.
+type slotSet struct {
+	live  map[limit.LeaseID]int64 // lease → expiry (ns)
+	queue []queued                // by expiry, from head; holds released leases too
+	head  int
+}
+
+type queued struct {
+	exp int64
+	id  limit.LeaseID
 }
 
 // NewLeases returns an empty lease store.
 func NewLeases() *Leases {
-	return &Leases{sets: make(map[limit.SlotKey]map[limit.LeaseID]int64)}
+	return &Leases{sets: make(map[limit.SlotKey]*slotSet)}
 }
 
 // AcquireAt decides items at now as one atomic step and, when every item has
@@ -43,8 +62,10 @@ func (l *Leases) AcquireAt(_ context.Context, now int64, id limit.LeaseID, items
 	defer l.mu.Unlock()
 	ok := true
 	for i := range items {
-		set := l.sets[items[i].Key]
-		n, oldest := purge(set, now)
+		var n, oldest int64
+		if set := l.sets[items[i].Key]; set != nil {
+			n, oldest = set.drop(now)
+		}
 		out[i] = limit.DecideSlot(items[i], n, oldest, now, false)
 		ok = ok && out[i].Allowed
 	}
@@ -55,10 +76,12 @@ func (l *Leases) AcquireAt(_ context.Context, now int64, id limit.LeaseID, items
 		it := &items[i]
 		set := l.sets[it.Key]
 		if set == nil {
-			set = make(map[limit.LeaseID]int64, 4)
+			set = &slotSet{live: make(map[limit.LeaseID]int64, 4)}
 			l.sets[it.Key] = set
 		}
-		set[id] = now + it.TTL
+		exp := now + it.TTL
+		set.live[id] = exp
+		set.queue = append(set.queue, queued{exp, id})
 		out[i] = limit.DecideSlot(*it, out[i].InFlight, 0, now, true)
 	}
 	if l.acquired++; l.acquired >= sweepEvery {
@@ -76,13 +99,18 @@ func (l *Leases) ReleaseAt(_ context.Context, now int64, lease limit.Lease) (lim
 	state := limit.Unknown
 	for _, k := range lease.Keys {
 		set := l.sets[k]
-		exp, held := set[lease.ID]
+		if set == nil {
+			continue
+		}
+		exp, held := set.live[lease.ID]
 		if !held {
 			continue
 		}
-		delete(set, lease.ID)
-		if len(set) == 0 {
+		delete(set.live, lease.ID) // its queue entry is now stale
+		if len(set.live) == 0 {
 			delete(l.sets, k)
+		} else {
+			set.compact()
 		}
 		if exp > now {
 			state = state.Join(limit.Released)
@@ -98,9 +126,11 @@ func (l *Leases) InFlightAt(key limit.SlotKey, now int64) int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var n int64
-	for _, exp := range l.sets[key] {
-		if exp > now {
-			n++
+	if set := l.sets[key]; set != nil {
+		for _, exp := range set.live {
+			if exp > now {
+				n++
+			}
 		}
 	}
 	return n
@@ -124,24 +154,54 @@ func (l *Leases) SweepAt(now int64) {
 func (l *Leases) sweep(now int64) {
 	l.acquired = 0
 	for k, set := range l.sets {
-		if n, _ := purge(set, now); n == 0 {
+		if n, _ := set.drop(now); n == 0 {
 			delete(l.sets, k)
 		}
 	}
 }
 
-// purge drops set's leases expired at now and returns how many are left and
-// the earliest expiry among them. A lease expires at its expiry instant.
-func purge(set map[limit.LeaseID]int64, now int64) (n, oldest int64) {
-	for id, exp := range set {
-		if exp <= now {
-			delete(set, id)
-			continue
+// drop removes the leases expired at now (a lease expires at its expiry
+// instant) and the released ones ahead of the oldest live lease; it returns
+// how many leases are left and the oldest one's expiry.
+func (s *slotSet) drop(now int64) (n, oldest int64) {
+	for s.head < len(s.queue) {
+		q := s.queue[s.head]
+		exp, ok := s.live[q.id]
+		current := ok && exp == q.exp
+		if current && exp > now {
+			break
 		}
-		if n == 0 || exp < oldest {
-			oldest = exp
+		if current {
+			delete(s.live, q.id)
 		}
-		n++
+		s.queue[s.head] = queued{}
+		s.head++
 	}
-	return n, oldest
+	s.compact()
+	if len(s.live) == 0 {
+		return 0, 0
+	}
+	return int64(len(s.live)), s.queue[s.head].exp
+}
+
+// compact keeps the queue within a constant factor of the leases held: it
+// moves the entries down once half of it is behind head, and drops the
+// released entries once they outnumber the live ones.
+func (s *slotSet) compact() {
+	pending := len(s.queue) - s.head
+	switch {
+	case pending > 2*len(s.live)+64:
+		q := s.queue[:0]
+		for _, e := range s.queue[s.head:] {
+			if exp, ok := s.live[e.id]; ok && exp == e.exp {
+				q = append(q, e)
+			}
+		}
+		clear(s.queue[len(q):])
+		s.queue, s.head = q, 0
+	case s.head > 64 && 2*s.head >= len(s.queue):
+		n := copy(s.queue, s.queue[s.head:])
+		clear(s.queue[n:])
+		s.queue, s.head = s.queue[:n], 0
+	}
 }

@@ -251,3 +251,31 @@ func TestRedisLeaseKeyTTL(t *testing.T) {
 		t.Fatalf("%s is a %s, want a zset", name, typ)
 	}
 }
+
+// Released leases do not pile up in a busy set's expiry queue: it stays
+// within a constant factor of the leases held.
+func TestLeasesQueueBounded(t *testing.T) {
+	s := NewLeases()
+	k := slotKey("busy")
+	items := []limit.SlotItem{{Key: k, Max: 100, TTL: int64(time.Minute)}}
+	out := make([]limit.SlotDecision, 1)
+	var held []limit.LeaseID
+	for i := range 100_000 {
+		id := leaseID(0)
+		id[1], id[2], id[3] = byte(i), byte(i>>8), byte(i>>16)
+		if ok, _ := s.AcquireAt(context.Background(), t0+int64(i), id, items, out); !ok {
+			t.Fatalf("acquisition %d denied with %d held", i, len(held))
+		}
+		held = append(held, id)
+		if len(held) == 10 { // ten in flight; release the oldest
+			if st, _ := s.ReleaseAt(context.Background(), t0+int64(i), limit.Lease{ID: held[0], Keys: []limit.SlotKey{k}}); st != limit.Released {
+				t.Fatalf("release %d: %v", i, st)
+			}
+			held = held[1:]
+		}
+	}
+	set := s.sets[k]
+	if q := len(set.queue) - set.head; q > 2*len(set.live)+64 || cap(set.queue) > 1024 {
+		t.Fatalf("queue holds %d entries (capacity %d) for %d live leases", q, cap(set.queue), len(set.live))
+	}
+}
