@@ -157,11 +157,11 @@ func (e *Engine) settleSlots(ctx context.Context, s *scratch, res *Result, admit
 	}
 }
 
-// lease is the lease s holds.
+// lease is the lease s holds; its Keys alias s's memory.
 func (e *Engine) lease(s *scratch) limit.Lease {
-	keys := make([]limit.SlotKey, len(s.slots))
+	s.leaseKeys = s.leaseKeys[:0]
 	for i := range s.slots {
-		keys[i] = s.slots[i].Key
+		s.leaseKeys = append(s.leaseKeys, s.slots[i].Key)
 	}
-	return limit.Lease{ID: s.leaseID, Keys: keys}
+	return limit.Lease{ID: s.leaseID, Keys: s.leaseKeys}
 }

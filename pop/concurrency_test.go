@@ -3,6 +3,7 @@ package pop
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -177,5 +178,50 @@ func TestConcurrencyHeaders(t *testing.T) {
 	vals = HeaderValues(t0.Add(time.Second), &res)
 	if want := `"api_key_concurrency";r=0;t=9`; vals[4] != want || vals[5] != "9" {
 		t.Errorf("denied: RateLimit %q Retry-After %q, want %q and 9", vals[4], vals[5], want)
+	}
+}
+
+// BenchmarkEngineConcurrency is the engine alone, over 4096 keys: "rate" is
+// CheckAt of a rate limit; "rate+concurrency" is CheckLeaseAt of the same
+// rate limit plus a concurrency limit and the Release of its lease.
+func BenchmarkEngineConcurrency(b *testing.B) {
+	for _, conc := range []bool{false, true} {
+		root := &rules.Node{}
+		n := root.Child("api_key", "")
+		n.Add(lim("api", "api_key", 1<<40, rules.Second))
+		if conc {
+			n.Add(&rules.Limit{Domain: "api", Path: "api_key", Name: "in_flight", LeaseTTL: time.Minute,
+				Spec: limit.Spec{Limit: 1 << 30, Window: int64(time.Minute)}})
+		}
+		set, _ := rules.NewSet(rules.NewDomain("api", "bench", root))
+		e := NewEngine(store.NewMemory(store.MemoryConfig{}), set, nil)
+		e.UseLeases(store.NewLeases())
+		reqs := make([]*Request, 4096)
+		for i := range reqs {
+			reqs[i] = req(1, []string{"api_key", strconv.Itoa(i)})
+		}
+		name := "rate"
+		if conc {
+			name = "rate+concurrency"
+		}
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				var res Result
+				i := 0
+				for pb.Next() {
+					now := t0.Add(time.Duration(i))
+					if err := e.CheckLeaseAt(context.Background(), now, reqs[i%len(reqs)], &res); err != nil || res.Code != OK {
+						b.Fatal(err, res.Code)
+					}
+					if conc {
+						if _, err := e.Release(context.Background(), now, res.Lease, "lease_id"); err != nil {
+							b.Fatal(err)
+						}
+					}
+					i++
+				}
+			})
+		})
 	}
 }

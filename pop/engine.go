@@ -276,6 +276,7 @@ type scratch struct {
 	slotOwner    []int
 	slotKey      []byte
 	leaseID      limit.LeaseID
+	leaseKeys    []limit.SlotKey
 	leased       bool // the slots are held
 	slotsDecided bool // slotOut holds decisions
 }

@@ -137,8 +137,8 @@ var ErrBadLease = errors.New("malformed lease id")
 // String is the lease's token: URL-safe base64 without padding of a version
 // byte, the 16-byte id and the 16-byte slot keys. It is opaque to clients.
 func (l Lease) String() string {
-	b := make([]byte, 0, 1+16+16*len(l.Keys))
-	b = append(b, leaseVersion)
+	var buf [1 + 16 + 16*4]byte // on the stack for up to 4 keys
+	b := append(buf[:0], leaseVersion)
 	b = append(b, l.ID[:]...)
 	for _, k := range l.Keys {
 		b = append(b, k[:]...)

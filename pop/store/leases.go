@@ -26,8 +26,9 @@ const sweepEvery = 4096
 // that expired behind a longer one counts until that one goes (a denial too
 // many, never one too few).
 //
-// Sets without live leases are dropped, and every sweepEvery acquisitions
-// all sets are swept, so memory follows the leases held, not the keys seen.
+// Every sweepEvery acquisitions all sets are swept of expired leases and
+// sets left empty are dropped, so memory follows the leases held (and the
+// keys of the last sweepEvery acquisitions), not every key seen.
 // The zero value is not usable; call NewLeases. A Leases is safe for
 // concurrent use.
 type Leases struct {
@@ -108,7 +109,10 @@ func (l *Leases) ReleaseAt(_ context.Context, now int64, lease limit.Lease) (lim
 		}
 		delete(set.live, lease.ID) // its queue entry is now stale
 		if len(set.live) == 0 {
-			delete(l.sets, k)
+			// Kept, empty, until the next sweep: a busy key would
+			// otherwise allocate its set again on every request.
+			clear(set.queue)
+			set.queue, set.head = set.queue[:0], 0
 		} else {
 			set.compact()
 		}
