@@ -1,7 +1,6 @@
 package rules
 
 import (
-	"strings"
 	"time"
 
 	"github.com/edgelimit/edgelimit/pop/limit"
@@ -61,18 +60,7 @@ func (p *parser) concurrency(f field, path string, node *Node, shadow bool) {
 			l.LeaseTTL = d
 		}
 	}
-	hasName := false
-	if g, ok := m["name"]; ok {
-		if s, ok := p.str(g, "concurrency.name"); ok && s != "" {
-			if i := strings.IndexFunc(s, badNameRune); i >= 0 {
-				p.errorf(g.val, "name %q: character %q is not allowed (want printable ASCII without \" or \\)", s, s[i])
-			}
-			l.Name, hasName = s, true
-		}
-	}
-	if g, ok := m["fail_closed"]; ok {
-		l.FailClosed, _ = p.boolean(g, "concurrency.fail_closed")
-	}
+	hasName := p.nameAndFailClosed(m, l, "concurrency.")
 	if len(p.errs) > errs {
 		return
 	}

@@ -732,17 +732,7 @@ func (p *parser) rateLimit(f field) (l *Limit, hasName, ok bool) {
 			}
 		}
 	}
-	if g, ok := m["name"]; ok {
-		if s, ok := p.str(g, "name"); ok && s != "" {
-			if i := strings.IndexFunc(s, badNameRune); i >= 0 {
-				p.errorf(g.val, "name %q: character %q is not allowed (want printable ASCII without \" or \\)", s, s[i])
-			}
-			l.Name, hasName = s, true
-		}
-	}
-	if g, ok := m["fail_closed"]; ok {
-		l.FailClosed, _ = p.boolean(g, "fail_closed")
-	}
+	hasName = p.nameAndFailClosed(m, l, "")
 	if g, ok := m["mitigation"]; ok {
 		mm := p.mapping(g.val, "mitigation", []string{"duration"}, nil)
 		if d, ok := mm["duration"]; ok {
@@ -772,6 +762,24 @@ func (p *parser) rateLimit(f field) (l *Limit, hasName, ok bool) {
 		return nil, false, false
 	}
 	return l, hasName, true
+}
+
+// nameAndFailClosed reads the name and fail_closed fields of a limit's
+// mapping m into l (what prefixes the field names in messages, e.g.
+// "concurrency."), and reports whether a name was configured.
+func (p *parser) nameAndFailClosed(m map[string]field, l *Limit, what string) (hasName bool) {
+	if g, ok := m["name"]; ok {
+		if s, ok := p.str(g, what+"name"); ok && s != "" {
+			if i := strings.IndexFunc(s, badNameRune); i >= 0 {
+				p.errorf(g.val, "name %q: character %q is not allowed (want printable ASCII without \" or \\)", s, s[i])
+			}
+			l.Name, hasName = s, true
+		}
+	}
+	if g, ok := m["fail_closed"]; ok {
+		l.FailClosed, _ = p.boolean(g, what+"fail_closed")
+	}
+	return hasName
 }
 
 // badNameRune reports a character that a policy name may not hold: it is

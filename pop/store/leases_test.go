@@ -8,15 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgelimit/edgelimit/pop"
 	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/store/redistest"
 )
-
-// leaser is what both lease stores implement (pop.Leaser).
-type leaser interface {
-	AcquireAt(ctx context.Context, now int64, id limit.LeaseID, items []limit.SlotItem, out []limit.SlotDecision) (bool, error)
-	ReleaseAt(ctx context.Context, now int64, lease limit.Lease) (limit.ReleaseState, error)
-}
 
 // t0 is a fixed instant, a whole microsecond (Redis keeps µs).
 const t0 = int64(1_700_000_000) * int64(time.Second)
@@ -84,7 +79,7 @@ var leaseTable = []struct {
 }
 
 // runLeaseTable runs leaseTable against a fresh store from open per case.
-func runLeaseTable(t *testing.T, open func(t *testing.T, prefix string) leaser) {
+func runLeaseTable(t *testing.T, open func(t *testing.T, prefix string) pop.Leaser) {
 	for ci, tc := range leaseTable {
 		t.Run(tc.name, func(t *testing.T) {
 			s := open(t, tc.name)
@@ -130,24 +125,24 @@ func runLeaseTable(t *testing.T, open func(t *testing.T, prefix string) leaser) 
 }
 
 func TestLeasesTable(t *testing.T) {
-	runLeaseTable(t, func(*testing.T, string) leaser { return NewLeases() })
+	runLeaseTable(t, func(*testing.T, string) pop.Leaser { return NewLeases() })
 }
 
 func TestRedisLeasesTable(t *testing.T) {
 	srv := redistest.Start(t)
 	s := openTestRedis(t, srv.URL(), RedisConfig{ClockSource: ClockLocal})
-	runLeaseTable(t, func(*testing.T, string) leaser { return s })
+	runLeaseTable(t, func(*testing.T, string) pop.Leaser { return s })
 }
 
 func TestRedisClusterLeasesTable(t *testing.T) {
 	nodes := redistest.StartCluster(t, 3)
 	s := openTestRedis(t, nodes[0].Addr+","+nodes[1].Addr+","+nodes[2].Addr, RedisConfig{ClockSource: ClockLocal})
-	runLeaseTable(t, func(*testing.T, string) leaser { return s })
+	runLeaseTable(t, func(*testing.T, string) pop.Leaser { return s })
 }
 
 // Exact under contention: goroutines that acquire, hold and release never
 // find more than max leases held, and every release frees what it took.
-func testLeasesContention(t *testing.T, s leaser, workers, rounds int) {
+func testLeasesContention(t *testing.T, s pop.Leaser, workers, rounds int) {
 	const maxSlots = 5
 	items := []limit.SlotItem{{Key: slotKey(t.Name()), Max: maxSlots, TTL: int64(time.Minute)}}
 	var held, most, admitted atomic.Int64
