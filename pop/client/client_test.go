@@ -251,7 +251,8 @@ func TestInterceptorReleasesOnPanic(t *testing.T) {
 }
 
 // 64 goroutines on each of 3 PoP processes sharing one redis-server never
-// hold more than the limit at once, counted in the application's handlers.
+// hold more than the limit at once, counted in the application's handlers
+// (each holds its request 10 ms).
 func TestThreePoPsOneRedis(t *testing.T) {
 	const limit, perPoP, rounds = 10, 64, 25
 	redis := redistest.Start(t)
@@ -265,7 +266,7 @@ func TestThreePoPsOneRedis(t *testing.T) {
 		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 		}
 		acquired.Add(1)
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond)
 		inFlight.Add(-1)
 	})
 	var wg sync.WaitGroup
@@ -304,7 +305,11 @@ func TestThreePoPsOneRedis(t *testing.T) {
 	if noLease.Load() > 0 {
 		t.Fatalf("%d requests admitted without a lease (the lease store failed open)", noLease.Load())
 	}
-	if most.Load() < limit || denied.Load() == 0 {
+	// The slots were full (denials), and the handlers saw most of them
+	// taken at once. A slot is held from the check's answer to the
+	// release's, longer than the handler runs, so on a loaded machine the
+	// handlers' own count can stay below the limit while the PoPs deny.
+	if denied.Load() == 0 || most.Load() < limit/2 {
 		t.Fatalf("at most %d in flight and %d denied: the test never reached the limit, so it proves nothing", most.Load(), denied.Load())
 	}
 }
