@@ -41,7 +41,9 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req releaseRequest
-	if err := s.decodeSlow(st, &req); err != nil {
+	if id, ok := oneLeaseID(st.body); ok {
+		req.LeaseID = &id
+	} else if err := s.decodeSlow(st, &req); err != nil {
 		s.bodyFailed(w, "release", err)
 		return
 	}
@@ -128,4 +130,21 @@ func window(l *rules.Limit) string {
 		return "concurrent"
 	}
 	return shortDuration(l.Unit.Duration())
+}
+
+// oneLeaseID reads the body every client sends, {"lease_id":"<token>"}
+// exactly, without encoding/json; anything else (spaces, other fields,
+// escapes) is left to the strict decoder, which agrees on this form.
+func oneLeaseID(body []byte) (string, bool) {
+	const pre, suf = `{"lease_id":"`, `"}`
+	if len(body) < len(pre)+len(suf) || string(body[:len(pre)]) != pre || string(body[len(body)-len(suf):]) != suf {
+		return "", false
+	}
+	tok := body[len(pre) : len(body)-len(suf)]
+	for _, c := range tok {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+			return "", false
+		}
+	}
+	return string(tok), true
 }

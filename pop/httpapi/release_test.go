@@ -117,3 +117,20 @@ func TestReleaseBadInput(t *testing.T) {
 		t.Fatalf("malformed JSON: %d", resp.StatusCode)
 	}
 }
+
+// The fast path reads exactly what the strict decoder reads, or steps aside.
+func FuzzOneLeaseID(f *testing.F) {
+	f.Add([]byte(`{"lease_id":"AQIDBAUGBwgJCgsMDQ4PEAECAwQFBgcICQoLDA0ODxA"}`))
+	f.Add([]byte(`{"lease_id":"a\"b"}`))
+	f.Add([]byte(`{"lease_id":""}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		id, ok := oneLeaseID(body)
+		if !ok {
+			return
+		}
+		var req releaseRequest
+		if err := decodeStrict(body, &req); err != nil || req.LeaseID == nil || *req.LeaseID != id || req.LeaseIDs != nil {
+			t.Fatalf("fast path read %q from %q; the strict decoder: %v %+v", id, body, err, req)
+		}
+	})
+}
