@@ -274,3 +274,29 @@ func TestLeasesQueueBounded(t *testing.T) {
 		t.Fatalf("queue holds %d entries (capacity %d) for %d live leases", q, cap(set.queue), len(set.live))
 	}
 }
+
+// Servers whose clocks disagree by seconds agree on when a lease expires:
+// with ClockRedis its expiry is on the Redis clock. Without that, a server
+// 3 s ahead would find a 2 s lease taken by one 3 s behind already expired.
+func TestRedisLeasesSkewedClocks(t *testing.T) {
+	srv := redistest.Start(t)
+	skewed := func(d time.Duration) RedisConfig {
+		return RedisConfig{Clock: func() int64 { return time.Now().Add(d).UnixNano() }}
+	}
+	behind := openTestRedis(t, srv.URL(), skewed(-3*time.Second))
+	ahead := openTestRedis(t, srv.URL(), skewed(3*time.Second))
+	if _, ok := ahead.ClockOffset(); !ok {
+		t.Skip("the clock offset was not measured at open (a slow box); nothing to test")
+	}
+	items := []limit.SlotItem{{Key: slotKey("skew"), Max: 1, TTL: int64(2 * time.Second)}}
+	out := make([]limit.SlotDecision, 1)
+	if ok, err := behind.AcquireAt(context.Background(), behind.cfg.Clock(), leaseID(1), items, out); !ok || err != nil {
+		t.Fatalf("behind: %v %v", ok, err)
+	}
+	if ok, err := ahead.AcquireAt(context.Background(), ahead.cfg.Clock(), leaseID(2), items, out); ok || err != nil {
+		t.Fatalf("ahead took a second slot (%v, %v): it saw the lease expired on its own clock", ok, err)
+	}
+	if r := time.Duration(out[0].RetryAfter); r < time.Second || r > 2*time.Second {
+		t.Fatalf("retry after %v, want about the 2s TTL on the shared clock", r)
+	}
+}
