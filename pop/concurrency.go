@@ -32,9 +32,9 @@ type Leaser interface {
 // Without it, concurrency limits are not applied.
 func (e *Engine) UseLeases(l Leaser) { e.leases = l }
 
-// CheckLease decides req at the wall-clock time. See CheckLeaseAt.
+// CheckLease decides req at the engine's clock (Now). See CheckLeaseAt.
 func (e *Engine) CheckLease(ctx context.Context, req *Request, res *Result) error {
-	return e.CheckLeaseAt(ctx, time.Now(), req, res)
+	return e.CheckLeaseAt(ctx, e.Now(), req, res)
 }
 
 // CheckLeaseAt is CheckAt that also enforces the request's concurrency
