@@ -189,6 +189,9 @@ type Result struct {
 	Decisive int
 	// Policies are the enforced limits the request matched, for RateLimit-Policy.
 	Policies []*rules.Limit
+	// Lease, when the request was admitted holding concurrency slots
+	// (CheckLeaseAt), is the token that releases them; else "".
+	Lease string
 }
 
 // Engine decides checks: it matches a request's descriptors to limits in the
@@ -207,6 +210,7 @@ type Result struct {
 // a check sees one rule set throughout.
 type Engine struct {
 	store   Store
+	leases  Leaser // nil: concurrency limits are not applied (UseLeases)
 	rules   atomic.Pointer[rules.Set]
 	metrics *Metrics
 	mit     *Mitigations    // nil: no mitigation bits
@@ -299,6 +303,16 @@ type scratch struct {
 	groupOut   []limit.Decision
 	decided    []bool
 	replaced   []*rules.Limit // see Engine.replaced
+	// slot* hold the request's concurrency limits (concurrency.go).
+	slots        []limit.SlotItem
+	slotOut      []limit.SlotDecision
+	slotLimits   []*rules.Limit
+	slotOwner    []int
+	slotKey      []byte
+	leaseID      limit.LeaseID
+	leaseKeys    []limit.SlotKey
+	leased       bool // the slots are held
+	slotsDecided bool // slotOut holds decisions
 }
 
 // Check decides req at the wall-clock time. See CheckAt.
@@ -308,8 +322,14 @@ func (e *Engine) Check(ctx context.Context, req *Request, res *Result) error {
 
 // CheckAt decides req at now and writes the outcome to res. It returns a
 // *RequestError for a malformed request and the store's error when the store
-// could not decide; then res is not valid.
+// could not decide; then res is not valid. Concurrency limits are left out
+// (see CheckLeaseAt).
 func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *Result) error {
+	return e.check(ctx, now, req, res, false)
+}
+
+// check is CheckAt, with the request's concurrency limits when leases.
+func (e *Engine) check(ctx context.Context, now time.Time, req *Request, res *Result, leases bool) error {
 	if err := req.Validate(); err != nil {
 		return err
 	}
@@ -319,6 +339,7 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 	res.Code, res.Decisive = OK, -1
 	res.Statuses = res.Statuses[:0]
 	res.Policies = res.Policies[:0]
+	res.Lease = ""
 	for range req.Descriptors {
 		res.Statuses = append(res.Statuses, Status{})
 	}
@@ -332,6 +353,7 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 	s.keys, s.ends, s.items, s.limits, s.owner = s.keys[:0], s.ends[:0], s.items[:0], s.limits[:0], s.owner[:0]
 	s.hits, s.override = s.hits[:0], s.override[:0]
 	replaced := e.replaced(dom, req, s)
+	s.slots, s.slotLimits, s.slotOwner = s.slots[:0], s.slotLimits[:0], s.slotOwner[:0]
 
 	for di := range req.Descriptors {
 		d := &req.Descriptors[di]
@@ -354,6 +376,13 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 			if len(replaced) > 0 && d.Limit == nil && slices.Contains(replaced, l) {
 				continue
 			}
+			if l.Concurrent() {
+				if leases && hits > 0 {
+					s.addSlot(l, entries, di)
+					res.Policies = append(res.Policies, l)
+				}
+				continue
+			}
 			start := len(s.keys)
 			s.keys = l.AppendKey(s.keys, entries)
 			// The same limit reached twice (a repeated descriptor) counts once.
@@ -374,7 +403,7 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 		}
 	}
 	n := len(s.limits)
-	if n == 0 {
+	if n == 0 && len(s.slots) == 0 {
 		return nil
 	}
 	share := e.share.Load()
@@ -411,19 +440,29 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 			}
 		}
 	}
-	var admitted bool
+	slotsOK := e.acquire(ctx, s, nowNs)
+	if !slotsOK {
+		clear(s.hits) // no slot: the rate limits are only peeked at
+	}
+	admitted := true
 	var err error
-	if quotaMode {
+	switch {
+	case n == 0:
+	case quotaMode:
 		admitted, err = e.decideQuotaMode(ctx, s, nowNs)
-	} else {
+	default:
 		admitted, err = e.decide(ctx, s, nowNs)
 	}
 	if err != nil {
+		e.settleSlots(ctx, s, res, false, nowNs) // gives back the slots
+		res.Lease = ""
 		if !errors.Is(err, context.Canceled) || ctx.Err() == nil { // a caller that left is no store error
 			e.metrics.storeError()
 		}
 		return fmt.Errorf("pop: store: %w", err)
 	}
+	admitted = admitted && slotsOK
+	e.settleSlots(ctx, s, res, admitted, nowNs)
 	if !admitted {
 		res.Code = OverLimit
 		// No bits while the region is cut off: a key over its reduced share

@@ -2,6 +2,7 @@
 //
 //	POST /v1/check        one check, the JSON mapping of Envoy's RateLimitRequest
 //	POST /v1/check/batch  many independent checks in one request
+//	POST /v1/release      free concurrency leases a check handed out
 //	GET  /v1/mitigations  the mitigation bits in force
 //	ANY  /v1/authz[/...]  forward auth for nginx auth_request, Traefik
 //	                      ForwardAuth and Envoy ext_authz (HTTP)
@@ -175,6 +176,7 @@ func New(cfg Config) *Server {
 	s.bufs.New = func() any { return &reqState{body: make([]byte, 0, 1024), out: make([]byte, 0, 1024)} }
 	s.mux.HandleFunc("/v1/check", s.handleCheck)
 	s.mux.HandleFunc("/v1/check/batch", s.handleBatch)
+	s.mux.HandleFunc("/v1/release", s.handleRelease)
 	if !cfg.HideMitigations {
 		s.mux.HandleFunc("/v1/mitigations", s.handleMitigations)
 		if cfg.TopKeys != nil {
@@ -254,13 +256,14 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	now := s.cfg.Now()
-	err := s.cfg.Engine.CheckAt(r.Context(), now, &st.req, &st.res)
+	err := s.cfg.Engine.CheckLeaseAt(r.Context(), now, &st.req, &st.res)
 	s.cfg.Metrics.ObserveCheck("check", s.cfg.Now().Sub(now))
 	if err != nil {
 		s.checkFailed(w, "check", err)
 		return
 	}
 	setHeaders(w.Header(), now, &st.res)
+	setLease(w.Header(), &st.res)
 	st.out = appendResult(st.out[:0], &st.res)
 	status := http.StatusOK
 	if st.res.Code == pop.OverLimit {
@@ -581,7 +584,7 @@ func appendResult(b []byte, res *pop.Result) []byte {
 			b = append(b, `,"requests_per_unit":`...)
 			b = strconv.AppendInt(b, st.Limit.Spec.Limit, 10)
 			b = append(b, `,"unit":"`...)
-			b = append(b, st.Limit.Unit.Upper()...)
+			b = append(b, unitName(st.Limit)...)
 			b = append(b, `"},"limit_remaining":`...)
 			b = strconv.AppendInt(b, st.Remaining, 10)
 			b = append(b, `,"duration_until_reset":"`...)
@@ -592,7 +595,9 @@ func appendResult(b []byte, res *pop.Result) []byte {
 		}
 		b = append(b, '}')
 	}
-	return append(b, "]}"...)
+	b = append(b, ']')
+	b = appendLease(b, res)
+	return append(b, '}')
 }
 
 // appendDenial appends the client-facing error object of a 429.
@@ -609,7 +614,7 @@ func appendDenial(b []byte, req *pop.Request, res *pop.Result) []byte {
 	b = append(b, `,"limit":`...)
 	b = strconv.AppendInt(b, st.Limit.Spec.Limit, 10)
 	b = append(b, `,"window":"`...)
-	b = append(b, shortDuration(st.Limit.Window())...)
+	b = append(b, window(st.Limit)...)
 	b = append(b, `","scope":"`...)
 	b = appendDescriptor(b, entries)
 	b = append(b, `","policy":`...)

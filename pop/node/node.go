@@ -235,6 +235,7 @@ func Run(ctx context.Context, cfg Config) error {
 		eng.UseTopKeys(top)
 		reg.MustRegister(top.Collector(TopKeysMetric, rules.DescribeKey))
 	}
+	eng.UseLeases(leaserFor(counts))
 	var mit *pop.Mitigations
 	if cfg.Replica != "" {
 		mit = pop.NewMitigations(cfg.Replica)

@@ -566,7 +566,7 @@ func (p *parser) descriptors(items []*yaml.Node, path string, node *Node, depth 
 			p.errorf(item, "descriptors nest deeper than %d levels", maxDepth)
 			return
 		}
-		m := p.mapping(item, "descriptor", []string{"key", "value", "rate_limit", "rate_limits", "shadow_mode", "quota_mode", "share_threshold", "descriptors"}, envoyDescriptorFields)
+		m := p.mapping(item, "descriptor", []string{"key", "value", "rate_limit", "rate_limits", "shadow_mode", "quota_mode", "share_threshold", "descriptors", "concurrency"}, envoyDescriptorFields)
 		if m == nil {
 			continue
 		}
@@ -621,6 +621,9 @@ func (p *parser) descriptors(items []*yaml.Node, path string, node *Node, depth 
 		}
 		levels := append(slices.Clip(shared), share)
 		p.descriptorLimits(m, childPath, child, shadow, quota, levels)
+		if f, ok := m["concurrency"]; ok {
+			p.concurrency(f, childPath, child, shadow)
+		}
 		if f, ok := m["descriptors"]; ok {
 			sub, _ := p.list(f, "descriptors")
 			p.descriptors(sub, childPath, child, depth+1, levels)
@@ -783,19 +786,9 @@ func (p *parser) rateLimit(f field) (l *Limit, hasName, ok bool) {
 			}
 		}
 	}
-	if g, ok := m["name"]; ok {
-		if s, ok := p.str(g, "name"); ok && s != "" {
-			if i := strings.IndexFunc(s, badNameRune); i >= 0 {
-				p.errorf(g.val, "name %q: character %q is not allowed (want printable ASCII without \" or \\)", s, s[i])
-			}
-			l.Name, l.configured, hasName = s, s, true
-		}
-	}
+	hasName = p.nameAndFailClosed(m, l, "")
 	if g, ok := m["replaces"]; ok {
 		l.replaces = p.replaces(g, l.configured)
-	}
-	if g, ok := m["fail_closed"]; ok {
-		l.FailClosed, _ = p.boolean(g, "fail_closed")
 	}
 	if g, ok := m["mitigation"]; ok {
 		mm := p.mapping(g.val, "mitigation", []string{"duration"}, nil)
@@ -855,6 +848,24 @@ func (p *parser) replaces(f field, self string) []string {
 		}
 	}
 	return names
+}
+
+// nameAndFailClosed reads the name and fail_closed fields of a limit's
+// mapping m into l (what prefixes the field names in messages, e.g.
+// "concurrency."), and reports whether a name was configured.
+func (p *parser) nameAndFailClosed(m map[string]field, l *Limit, what string) (hasName bool) {
+	if g, ok := m["name"]; ok {
+		if s, ok := p.str(g, what+"name"); ok && s != "" {
+			if i := strings.IndexFunc(s, badNameRune); i >= 0 {
+				p.errorf(g.val, "name %q: character %q is not allowed (want printable ASCII without \" or \\)", s, s[i])
+			}
+			l.Name, l.configured, hasName = s, s, true
+		}
+	}
+	if g, ok := m["fail_closed"]; ok {
+		l.FailClosed, _ = p.boolean(g, what+"fail_closed")
+	}
+	return hasName
 }
 
 // badNameRune reports a character that a policy name may not hold: it is

@@ -149,6 +149,9 @@ type Limit struct {
 	// scope (a ban); when zero, a crossing is mitigated until the sliding
 	// estimate falls back under the limit.
 	Mitigation time.Duration
+	// LeaseTTL, when set, makes this a concurrency limit (a descriptor's
+	// concurrency field; see Concurrent).
+	LeaseTTL time.Duration
 	// Replaces are the limits this one replaces (Envoy's replaces): when a
 	// request matches this limit, the limits listed here do not apply to it.
 	Replaces []*Limit
