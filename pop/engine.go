@@ -195,6 +195,7 @@ type Engine struct {
 	rules   atomic.Pointer[rules.Set]
 	metrics *Metrics
 	mit     *Mitigations  // nil: no mitigation bits
+	quotas  Quotas        // nil: no per-key quotas (tenants.go)
 	share   atomic.Uint64 // math.Float64bits of the global share; 0 bits = 1.0
 	scratch sync.Pool
 }
@@ -298,40 +299,34 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 	s.keys, s.ends, s.items, s.limits, s.owner = s.keys[:0], s.ends[:0], s.items[:0], s.limits[:0], s.owner[:0]
 	s.hits, s.override = s.hits[:0], s.override[:0]
 
+	nowNs := now.UnixNano()
 	for di := range req.Descriptors {
 		d := &req.Descriptors[di]
 		entries := d.Entries
 		matched := dom.Match(entries)
+		q, tier, tenant := e.tenant(dom, entries, nowNs)
 		if d.Limit != nil && len(entries) > 0 {
 			l, err := overrideLimit(dom, matched, d.Limit, di)
 			if err != nil {
 				return err
 			}
-			matched = []*rules.Limit{l}
+			matched, q = []*rules.Limit{l}, nil
 		}
 		hits := d.hits(req.HitsAddend)
-	limits:
 		for _, l := range matched {
 			if l.Unlimited {
 				continue
 			}
+			l = q.Limit(l)
 			start := len(s.keys)
 			s.keys = l.AppendKey(s.keys, entries)
-			// The same limit reached twice (a repeated descriptor) counts once.
-			for i := range s.ends {
-				if bytes.Equal(s.key(i), s.keys[start:]) {
-					s.keys = s.keys[:start]
-					continue limits
-				}
-			}
-			s.ends = append(s.ends, len(s.keys))
-			s.limits = append(s.limits, l)
-			s.owner = append(s.owner, di)
-			s.hits = append(s.hits, hits)
-			s.override = append(s.override, d.Limit != nil)
-			if !l.Shadow {
-				res.Policies = append(res.Policies, l)
-			}
+			s.push(res, start, l, di, hits, d.Limit != nil)
+		}
+		for _, l := range tier {
+			l = q.Limit(l)
+			start := len(s.keys)
+			s.keys = l.AppendTenantKey(s.keys, dom.Tenants.Key, tenant)
+			s.push(res, start, l, di, hits, false)
 		}
 	}
 	n := len(s.limits)
@@ -340,18 +335,13 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 	}
 	share := e.share.Load()
 	for i, l := range s.limits {
-		it := limit.Item{Key: s.key(i), Spec: l.Spec, Shadow: l.Shadow, FailClosed: l.FailClosed, Scope: l.Scope}
-		if share != 0 && l.Scope == limit.ScopeGlobal {
-			it.Spec.Limit = int64(float64(it.Spec.Limit) * math.Float64frombits(share))
-		}
-		s.items = append(s.items, it)
+		s.items = append(s.items, itemFor(l, s.key(i), share))
 	}
 	if cap(s.out) < n {
 		s.out = make([]limit.Decision, n)
 	}
 	s.out = s.out[:n]
 
-	nowNs := now.UnixNano()
 	if e.mit != nil {
 		for i := range s.items {
 			it := &s.items[i]
@@ -533,6 +523,37 @@ func (e *Engine) issue(s *scratch, nowNs int64) {
 		}
 		e.mit.Issue(s.items[i].Key, l.Scope, until, nowNs)
 	}
+}
+
+// push adds limit l of descriptor di, whose key is s.keys[start:], to the
+// check — unless the same key is already there (a repeated descriptor, or a
+// tier reached from two descriptors), which counts once.
+func (s *scratch) push(res *Result, start int, l *rules.Limit, di int, hits int64, override bool) {
+	for i := range s.ends {
+		if bytes.Equal(s.key(i), s.keys[start:]) {
+			s.keys = s.keys[:start]
+			return
+		}
+	}
+	s.ends = append(s.ends, len(s.keys))
+	s.limits = append(s.limits, l)
+	s.owner = append(s.owner, di)
+	s.hits = append(s.hits, hits)
+	s.override = append(s.override, override)
+	if !l.Shadow {
+		res.Policies = append(res.Policies, l)
+	}
+}
+
+// itemFor is the store item of limit l under key: while the region is cut
+// off (share, math.Float64bits of the global share; 0 for none), a global
+// limit shrinks to its share.
+func itemFor(l *rules.Limit, key []byte, share uint64) limit.Item {
+	it := limit.Item{Key: key, Spec: l.Spec, Shadow: l.Shadow, FailClosed: l.FailClosed, Scope: l.Scope}
+	if share != 0 && l.Scope == limit.ScopeGlobal {
+		it.Spec.Limit = int64(float64(it.Spec.Limit) * math.Float64frombits(share))
+	}
+	return it
 }
 
 func (s *scratch) key(i int) []byte {
