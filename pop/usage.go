@@ -19,10 +19,12 @@ type Usage struct {
 	Limit *rules.Limit
 	// Tier is the tier the limit belongs to ("" for a descriptor limit).
 	Tier string
-	// Used is the hits counted in the window (the sliding estimate, across
-	// the limit's scope: this PoP's own and the replicated counts); Remaining
-	// how many more the limit allows now; Reset the time until its window
-	// ends (or its bucket is full).
+	// Used is how much of the limit is spent: the limit less Remaining, so at
+	// most the limit (a key whose limit was lowered below its count shows
+	// it all used). Remaining is how many more hits the limit allows now,
+	// from the sliding estimate across the limit's scope (this PoP's own and
+	// the replicated counts); Reset the time until its window ends (or its
+	// bucket is full).
 	Used, Remaining int64
 	Reset           time.Duration
 }
