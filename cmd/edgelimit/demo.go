@@ -52,7 +52,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	flush := fs.Duration("flush-interval", 100*time.Millisecond, "how often each PoP publishes what it counted")
 	level := fs.String("log-level", "warn", "log level of the PoPs and NATS servers")
 	quotas := fs.String("quotas", "embedded", "tenant quota store of every PoP: embedded (each PoP its own) or a PostgreSQL `URL` they share")
-	adminToken := fs.String("admin-token-file", "", "with it, every PoP serves the admin API, on its check port + 1000, with the bearer token in this `file`")
+	adminToken := fs.String("admin-token-file", "", "with it, every PoP serves the admin API (on a free port, printed after its check URL) with the bearer token in this `file`")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), demoUsage)
 		fs.PrintDefaults()
@@ -137,7 +137,11 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 				"--nats", urls[r], "--flush-interval", flush.String(), "--log-level", *level, "--quotas", *quotas)
 			adminURL := ""
 			if *adminToken != "" {
-				adminAddr := fmt.Sprintf("127.0.0.1:%d", port-1+1000)
+				ap, err := freePort()
+				if err != nil {
+					return err
+				}
+				adminAddr := fmt.Sprintf("127.0.0.1:%d", ap)
 				cmd.Args = append(cmd.Args, "--admin-listen", adminAddr, "--admin-token-file", *adminToken)
 				adminURL = " http://" + adminAddr
 			}
