@@ -102,7 +102,7 @@ func TestTenantTiersAndOverrides(t *testing.T) {
 		t.Fatalf("bolt's endpoint got %d more hits, want 1 (its override's 2, one spent)", got)
 	}
 	// A quota not yet in force, or expired, does not apply.
-	later := &quota.Quota{APIKey: "soon", Tier: "pro", EffectiveAt: at.Add(time.Hour)}
+	later := &quota.Quota{APIKey: "soon", Tier: "pro", EffectiveAt: quota.TimeOf(at.Add(time.Hour))}
 	idx.Apply([]quota.Change{{APIKey: "soon", Quota: later}}, 5)
 	if got := admitted(t, e, at, 10, "api_key", "soon"); got != 3 {
 		t.Fatalf("a quota effective in an hour applied now: %d hits, want the free tier's 3", got)

@@ -125,7 +125,7 @@ func (f *File) Put(_ context.Context, q *Quota, actor string) (*Quota, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	before := f.quotas[q.APIKey]
-	q.UpdatedAt = f.now().UTC()
+	q.UpdatedAt = TimeOf(f.now())
 	q = q.Clone()
 	if err := f.write(q.APIKey, actor, before, q); err != nil {
 		return nil, fmt.Errorf("quota: put %q: %w", q.APIKey, err)

@@ -26,7 +26,7 @@ func TestIndex(t *testing.T) {
 		t.Fatalf("after Replace: %v, version %d, len %d", q, x.Version(), x.Len())
 	}
 	later := mkQuota("c", "pro")
-	later.EffectiveAt, later.ExpiresAt = now.Add(time.Hour), now.Add(2*time.Hour)
+	later.EffectiveAt, later.ExpiresAt = quota.TimeOf(now.Add(time.Hour)), quota.TimeOf(now.Add(2*time.Hour))
 	x.Apply([]quota.Change{{APIKey: "a"}, {APIKey: "c", Quota: later}, {APIKey: "b", Quota: mkQuota("b", "enterprise")}}, 9)
 	if x.QuotaAt(now.UnixNano(), "a") != nil || x.Get("b").Tier != "enterprise" || x.Len() != 2 || x.Version() != 9 {
 		t.Fatalf("after Apply: a %v, b %v, len %d", x.Get("a"), x.Get("b"), x.Len())
@@ -83,7 +83,7 @@ func TestValidate(t *testing.T) {
 		{&quota.Quota{APIKey: "k", Overrides: []quota.Override{{Descriptor: "x", RequestsPerUnit: -1, Unit: rules.Minute}}}, "overrides[0].requests_per_unit"},
 		{&quota.Quota{APIKey: "k", Overrides: []quota.Override{{Descriptor: "x", RequestsPerUnit: 1, Unit: 9}}}, "overrides[0].unit"},
 		{&quota.Quota{APIKey: "k", Overrides: []quota.Override{{Descriptor: "x", RequestsPerUnit: 1}, {Descriptor: "x", RequestsPerUnit: 2}}}, "overrides[1].descriptor"},
-		{&quota.Quota{APIKey: "k", EffectiveAt: time.Unix(10, 0), ExpiresAt: time.Unix(5, 0)}, "expires_at"},
+		{&quota.Quota{APIKey: "k", EffectiveAt: quota.TimeOf(time.Unix(10, 0)), ExpiresAt: quota.TimeOf(time.Unix(5, 0))}, "expires_at"},
 	}
 	for _, c := range cases {
 		err := c.q.Validate()

@@ -127,52 +127,61 @@ func (p *Postgres) migrate(ctx context.Context) error {
 	})
 }
 
-const selectRows = `SELECT api_key, descriptor, tier, requests_per_unit, unit, effective_at, expires_at, updated_at FROM quota_overrides`
+// selectRows reads quota rows with times as Unix nanoseconds (0 for NULL)
+// and NULLs as zero values, so that scanning a million rows allocates only
+// the strings it keeps.
+const selectRows = `SELECT api_key, descriptor, tier, COALESCE(requests_per_unit, 0), COALESCE(unit, ''),
+	COALESCE((EXTRACT(EPOCH FROM effective_at) * 1000000000)::BIGINT, 0),
+	COALESCE((EXTRACT(EPOCH FROM expires_at) * 1000000000)::BIGINT, 0),
+	(EXTRACT(EPOCH FROM updated_at) * 1000000000)::BIGINT FROM quota_overrides`
+
+// interner shares the copies of strings that repeat across quotas (tiers,
+// limit names).
+type interner map[string]string
+
+func (in interner) get(b []byte) string {
+	if s, ok := in[string(b)]; ok {
+		return s
+	}
+	s := string(b)
+	if len(in) < 1<<16 {
+		in[s] = s
+	}
+	return s
+}
 
 // scanQuotas reads rows of selectRows ordered by api_key into quotas.
 func scanQuotas(rows pgx.Rows) ([]*Quota, error) {
 	defer rows.Close()
 	var out []*Quota
 	var cur *Quota
+	in := interner{}
+	var (
+		key, desc, tier, unit []byte
+		rpu                   int32
+		eff, exp, upd         int64
+	)
 	for rows.Next() {
-		var (
-			key, desc, tier string
-			rpu             *int32
-			unit            *string
-			eff, exp        *time.Time
-			upd             time.Time
-		)
 		if err := rows.Scan(&key, &desc, &tier, &rpu, &unit, &eff, &exp, &upd); err != nil {
 			return nil, err
 		}
-		if cur == nil || cur.APIKey != key {
-			cur = &Quota{APIKey: key}
+		if cur == nil || cur.APIKey != string(key) {
+			cur = &Quota{APIKey: string(key)}
 			out = append(out, cur)
 		}
-		if desc == "" {
-			cur.Tier, cur.UpdatedAt = tier, upd.UTC()
-			if eff != nil {
-				cur.EffectiveAt = eff.UTC()
-			}
-			if exp != nil {
-				cur.ExpiresAt = exp.UTC()
-			}
+		if len(desc) == 0 {
+			cur.Tier, cur.UpdatedAt = in.get(tier), Time(upd)
+			cur.EffectiveAt, cur.ExpiresAt = Time(eff), Time(exp)
 			continue
 		}
-		if rpu == nil || unit == nil {
-			return nil, fmt.Errorf("quota: row (%q, %q) has no requests_per_unit or unit", key, desc)
-		}
-		u, err := rules.ParseUnit(*unit)
+		u, err := rules.ParseUnit(string(unit))
 		if err != nil {
 			return nil, fmt.Errorf("quota: row (%q, %q): %w", key, desc, err)
 		}
-		cur.Overrides = append(cur.Overrides, Override{Descriptor: desc, RequestsPerUnit: int64(*rpu), Unit: u})
+		cur.Overrides = append(cur.Overrides, Override{Descriptor: in.get(desc), RequestsPerUnit: int64(rpu), Unit: u})
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
-	}
-	for _, q := range out {
-		q.Prepare()
 	}
 	return out, nil
 }
@@ -260,13 +269,13 @@ func (p *Postgres) Put(ctx context.Context, q *Quota, actor string) (*Quota, err
 		if _, err := tx.Exec(ctx, `DELETE FROM quota_overrides WHERE api_key = $1`, q.APIKey); err != nil {
 			return nil, err
 		}
-		eff, exp := nullTime(q.EffectiveAt), nullTime(q.ExpiresAt)
+		eff, exp := nullTime(q.EffectiveAt.Time()), nullTime(q.ExpiresAt.Time())
 		var upd time.Time
 		if err := tx.QueryRow(ctx, `INSERT INTO quota_overrides (api_key, descriptor, tier, effective_at, expires_at) VALUES ($1, '', $2, $3, $4) RETURNING updated_at`,
 			q.APIKey, q.Tier, eff, exp).Scan(&upd); err != nil {
 			return nil, err
 		}
-		q.UpdatedAt = upd.UTC()
+		q.UpdatedAt = TimeOf(upd)
 		for _, o := range q.Overrides {
 			if _, err := tx.Exec(ctx, `INSERT INTO quota_overrides (api_key, descriptor, tier, requests_per_unit, unit, effective_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
 				q.APIKey, o.Descriptor, q.Tier, o.RequestsPerUnit, o.Unit.String(), eff, exp); err != nil {

@@ -33,45 +33,58 @@ type Override struct {
 	Unit            rules.Unit `json:"-"`
 }
 
+// Time is an instant in Unix nanoseconds; 0 is unset. Quotas hold times so
+// (8 bytes, not time.Time's 24), since a PoP holds a million of them.
+type Time int64
+
+// TimeOf returns t as a Time; the zero time.Time is 0.
+func TimeOf(t time.Time) Time {
+	if t.IsZero() {
+		return 0
+	}
+	return Time(t.UnixNano())
+}
+
+// Time returns t as a time.Time in UTC; 0 is the zero time.Time.
+func (t Time) Time() time.Time {
+	if t == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, int64(t)).UTC()
+}
+
+// IsZero reports whether t is unset.
+func (t Time) IsZero() bool { return t == 0 }
+
 // Quota is one API key's tier and overrides. EffectiveAt (zero: always) and
 // ExpiresAt (zero: never) bound when it is in force; outside that time the
 // key is limited as a key without a quota (the default tier, the rules'
-// limits). Build one with Prepare before handing it to an Index; once handed
-// over it is read-only and safe for concurrent use.
+// limits). Once handed to an Index it is read-only and safe for concurrent
+// use.
 type Quota struct {
 	APIKey      string
 	Tier        string // "" is the domain's default tier
 	Overrides   []Override
-	EffectiveAt time.Time
-	ExpiresAt   time.Time
-	UpdatedAt   time.Time
+	EffectiveAt Time
+	ExpiresAt   Time
+	UpdatedAt   Time
 
-	eff, exp int64 // EffectiveAt, ExpiresAt in Unix ns; 0 when zero
-	memo     atomic.Pointer[map[*rules.Limit]*rules.Limit]
+	memo atomic.Pointer[map[*rules.Limit]*rules.Limit]
 }
 
-// Prepare readies q for the check path; it returns q.
-func (q *Quota) Prepare() *Quota {
-	q.eff, q.exp = 0, 0
-	if !q.EffectiveAt.IsZero() {
-		q.eff = q.EffectiveAt.UnixNano()
-	}
-	if !q.ExpiresAt.IsZero() {
-		q.exp = q.ExpiresAt.UnixNano()
-	}
-	return q
-}
+// Prepare returns q (kept for callers that build quotas by hand: there is
+// nothing left to prepare).
+func (q *Quota) Prepare() *Quota { return q }
 
 // InForceAt reports whether q applies at now (Unix ns).
 func (q *Quota) InForceAt(now int64) bool {
-	return now >= q.eff && (q.exp == 0 || now < q.exp)
+	return now >= int64(q.EffectiveAt) && (q.ExpiresAt == 0 || now < int64(q.ExpiresAt))
 }
 
 // Clone returns a copy of q's data (not its memo).
 func (q *Quota) Clone() *Quota {
-	c := &Quota{APIKey: q.APIKey, Tier: q.Tier, Overrides: append([]Override(nil), q.Overrides...),
+	return &Quota{APIKey: q.APIKey, Tier: q.Tier, Overrides: append([]Override(nil), q.Overrides...),
 		EffectiveAt: q.EffectiveAt, ExpiresAt: q.ExpiresAt, UpdatedAt: q.UpdatedAt}
-	return c.Prepare()
 }
 
 // Override returns the override of the limit named name, or nil.
@@ -188,7 +201,7 @@ func (q *Quota) Validate() error {
 		}
 		seen[o.Descriptor] = i
 	}
-	if !q.ExpiresAt.IsZero() && !q.ExpiresAt.After(q.EffectiveAt) {
+	if q.ExpiresAt != 0 && q.ExpiresAt <= q.EffectiveAt {
 		return &FieldError{"expires_at", "must be after effective_at"}
 	}
 	return nil

@@ -60,7 +60,7 @@ func TestStoreContract(t *testing.T) {
 			}
 			eff := time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC)
 			q := mkQuota("abc123", "enterprise", quota.Override{Descriptor: "api_key.endpoint=POST /api/v1/orders", RequestsPerUnit: 500, Unit: rules.Minute})
-			q.EffectiveAt = eff
+			q.EffectiveAt = quota.TimeOf(eff)
 			before, err := st.Put(ctx, q, "alice")
 			if err != nil || before != nil {
 				t.Fatalf("first Put: before %v, err %v", before, err)
@@ -70,7 +70,7 @@ func TestStoreContract(t *testing.T) {
 				t.Fatal(err)
 			}
 			if got.Tier != "enterprise" || len(got.Overrides) != 1 || got.Overrides[0].RequestsPerUnit != 500 || got.Overrides[0].Unit != rules.Minute ||
-				!got.EffectiveAt.Equal(eff) || !got.ExpiresAt.IsZero() || got.UpdatedAt.IsZero() {
+				!got.EffectiveAt.Time().Equal(eff) || !got.ExpiresAt.IsZero() || got.UpdatedAt.IsZero() {
 				t.Fatalf("Get = %+v", got.ToWire())
 			}
 			// Replacing: the before is the first quota; overrides not

@@ -35,9 +35,9 @@ func (q *Quota) ToWire() *Wire {
 	for i, o := range q.Overrides {
 		w.Overrides[i] = WireOverride{o.Descriptor, o.RequestsPerUnit, o.Unit.String()}
 	}
-	w.EffectiveAt = timePtr(q.EffectiveAt)
-	w.ExpiresAt = timePtr(q.ExpiresAt)
-	w.UpdatedAt = timePtr(q.UpdatedAt)
+	w.EffectiveAt = timePtr(q.EffectiveAt.Time())
+	w.ExpiresAt = timePtr(q.ExpiresAt.Time())
+	w.UpdatedAt = timePtr(q.UpdatedAt.Time())
 	return w
 }
 
@@ -67,13 +67,13 @@ func FromWire(key string, w *Wire) (*Quota, error) {
 		q.Overrides[i] = Override{Descriptor: o.Descriptor, RequestsPerUnit: o.RequestsPerUnit, Unit: u}
 	}
 	if w.EffectiveAt != nil {
-		q.EffectiveAt = w.EffectiveAt.UTC()
+		q.EffectiveAt = TimeOf(*w.EffectiveAt)
 	}
 	if w.ExpiresAt != nil {
-		q.ExpiresAt = w.ExpiresAt.UTC()
+		q.ExpiresAt = TimeOf(*w.ExpiresAt)
 	}
 	if w.UpdatedAt != nil {
-		q.UpdatedAt = w.UpdatedAt.UTC()
+		q.UpdatedAt = TimeOf(*w.UpdatedAt)
 	}
 	if err := q.Validate(); err != nil {
 		return nil, err
