@@ -70,21 +70,8 @@ func newAdmin(t *testing.T, st quota.Store) (*httptest.Server, *pop.Engine) {
 
 func adminStores(t *testing.T) map[string]func(*testing.T) quota.Store {
 	return map[string]func(*testing.T) quota.Store{
-		"postgres": func(t *testing.T) quota.Store {
-			p, err := quota.OpenPostgres(context.Background(), pgtest.Database(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(p.Close)
-			return p
-		},
-		"file": func(t *testing.T) quota.Store {
-			f, err := quota.OpenFile(t.TempDir())
-			if err != nil {
-				t.Fatal(err)
-			}
-			return f
-		},
+		"postgres": func(t *testing.T) quota.Store { return pgtest.Store(t) },
+		"file":     func(t *testing.T) quota.Store { return mustFile(t) },
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/edgelimit/edgelimit/pop/rules"
@@ -127,13 +128,10 @@ func (p *Postgres) migrate(ctx context.Context) error {
 	})
 }
 
-// selectRows reads quota rows with times as Unix nanoseconds (0 for NULL)
-// and NULLs as zero values, so that scanning a million rows allocates only
-// the strings it keeps.
+// selectRows reads quota rows with NULL numbers and units as zero values,
+// so that scanning a million rows allocates only the strings it keeps.
 const selectRows = `SELECT api_key, descriptor, tier, COALESCE(requests_per_unit, 0), COALESCE(unit, ''),
-	COALESCE((EXTRACT(EPOCH FROM effective_at) * 1000000000)::BIGINT, 0),
-	COALESCE((EXTRACT(EPOCH FROM expires_at) * 1000000000)::BIGINT, 0),
-	(EXTRACT(EPOCH FROM updated_at) * 1000000000)::BIGINT FROM quota_overrides`
+	effective_at, expires_at, updated_at FROM quota_overrides`
 
 // interner shares the copies of strings that repeat across quotas (tiers,
 // limit names).
@@ -150,28 +148,32 @@ func (in interner) get(b []byte) string {
 	return s
 }
 
-// scanQuotas reads rows of selectRows ordered by api_key into quotas.
+// scanQuotas reads rows of selectRows into quotas, in the order their keys
+// first appear; a key's rows need not be adjacent (Snapshot reads the table
+// unordered, which spares PostgreSQL a sort of every row).
 func scanQuotas(rows pgx.Rows) ([]*Quota, error) {
 	defer rows.Close()
 	var out []*Quota
-	var cur *Quota
+	byKey := map[string]*Quota{}
 	in := interner{}
 	var (
 		key, desc, tier, unit []byte
 		rpu                   int32
-		eff, exp, upd         int64
+		eff, exp, upd         pgtype.Timestamptz
 	)
 	for rows.Next() {
 		if err := rows.Scan(&key, &desc, &tier, &rpu, &unit, &eff, &exp, &upd); err != nil {
 			return nil, err
 		}
-		if cur == nil || cur.APIKey != string(key) {
+		cur := byKey[string(key)]
+		if cur == nil {
 			cur = &Quota{APIKey: string(key)}
+			byKey[cur.APIKey] = cur
 			out = append(out, cur)
 		}
 		if len(desc) == 0 {
-			cur.Tier, cur.UpdatedAt = in.get(tier), Time(upd)
-			cur.EffectiveAt, cur.ExpiresAt = Time(eff), Time(exp)
+			cur.Tier, cur.UpdatedAt = in.get(tier), pgTime(upd)
+			cur.EffectiveAt, cur.ExpiresAt = pgTime(eff), pgTime(exp)
 			continue
 		}
 		u, err := rules.ParseUnit(string(unit))
@@ -184,6 +186,13 @@ func scanQuotas(rows pgx.Rows) ([]*Quota, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+func pgTime(t pgtype.Timestamptz) Time {
+	if !t.Valid {
+		return 0
+	}
+	return TimeOf(t.Time)
 }
 
 func getTx(ctx context.Context, tx pgx.Tx, key string, lock bool) (*Quota, error) {
@@ -381,7 +390,7 @@ func (p *Postgres) Snapshot(ctx context.Context) ([]*Quota, int64, error) {
 		if err := tx.QueryRow(ctx, `SELECT COALESCE(MAX(id), 0) FROM quota_audit`).Scan(&version); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, selectRows+` ORDER BY api_key, descriptor`)
+		rows, err := tx.Query(ctx, selectRows)
 		if err != nil {
 			return err
 		}

@@ -183,7 +183,6 @@ func (q *Quota) Validate() error {
 	if len(q.Overrides) > MaxOverrides {
 		return &FieldError{"overrides", fmt.Sprintf("%d overrides, the limit is %d", len(q.Overrides), MaxOverrides)}
 	}
-	seen := map[string]int{}
 	for i, o := range q.Overrides {
 		f := fmt.Sprintf("overrides[%d]", i)
 		switch {
@@ -196,10 +195,11 @@ func (q *Quota) Validate() error {
 		case o.Unit.Duration() <= 0:
 			return &FieldError{f + ".unit", "must be second, minute, hour or day"}
 		}
-		if j, dup := seen[o.Descriptor]; dup {
-			return &FieldError{f + ".descriptor", fmt.Sprintf("%q is already overridden by overrides[%d]", o.Descriptor, j)}
+		for j := range i { // at most MaxOverrides: no map needed
+			if q.Overrides[j].Descriptor == o.Descriptor {
+				return &FieldError{f + ".descriptor", fmt.Sprintf("%q is already overridden by overrides[%d]", o.Descriptor, j)}
+			}
 		}
-		seen[o.Descriptor] = i
 	}
 	if q.ExpiresAt != 0 && q.ExpiresAt <= q.EffectiveAt {
 		return &FieldError{"expires_at", "must be after effective_at"}

@@ -83,7 +83,7 @@ func readSnapshot(path string) ([]*Quota, int64, error) {
 	for sc.Scan() {
 		line++
 		var w Wire
-		if err := strictUnmarshal(sc.Bytes(), &w); err != nil {
+		if err := json.Unmarshal(sc.Bytes(), &w); err != nil {
 			return nil, 0, fmt.Errorf("quota: %s:%d is damaged: %w", path, line, err)
 		}
 		q, err := FromWire("", &w)

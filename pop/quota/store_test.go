@@ -19,14 +19,7 @@ import (
 // stores opens every Store implementation, each fresh.
 func stores(t *testing.T) map[string]func(t *testing.T) quota.Store {
 	return map[string]func(t *testing.T) quota.Store{
-		"postgres": func(t *testing.T) quota.Store {
-			p, err := quota.OpenPostgres(context.Background(), pgtest.Database(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(p.Close)
-			return p
-		},
+		"postgres": func(t *testing.T) quota.Store { return pgtest.Store(t) },
 		"file": func(t *testing.T) quota.Store {
 			f, err := quota.OpenFile(filepath.Join(t.TempDir(), "quotas"))
 			if err != nil {

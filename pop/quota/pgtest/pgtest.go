@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/edgelimit/edgelimit/pop/quota"
 )
 
 // DefaultURL is the server tests use when PGTEST_URL is not set.
@@ -67,4 +69,16 @@ func Database(t testing.TB) string {
 	}
 	u.Path = "/" + name
 	return u.String()
+}
+
+// Store opens the quota store on a fresh database (Database), its
+// migrations applied, closed when t ends.
+func Store(t testing.TB) *quota.Postgres {
+	t.Helper()
+	p, err := quota.OpenPostgres(context.Background(), Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
 }
