@@ -73,6 +73,8 @@ type Memory struct {
 	urgent   chan struct{}
 	onMiss   func(limit.Scope, float64)
 
+	clock atomic.Int64 // correction of the wall clock for Apply, ns
+
 	evictedIdle atomic.Uint64
 	evictedLive atomic.Uint64
 	untracked   atomic.Uint64
