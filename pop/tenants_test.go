@@ -135,6 +135,9 @@ func TestTenantTiersAndOverrides(t *testing.T) {
 // Quotas add no allocation to a check: a key with a quota and an override
 // costs what a key without one costs (the store's own allocations aside).
 func TestTenantCheckAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are the race detector's under -race; run without it")
+	}
 	e, idx := tenantEngine(t)
 	idx.Replace([]*quota.Quota{{APIKey: "acme", Tier: "pro", Overrides: []quota.Override{{Descriptor: "tier:pro", RequestsPerUnit: 1 << 30, Unit: rules.Minute}}}}, 1)
 	at := t0.Add(time.Second)
@@ -150,7 +153,7 @@ func TestTenantCheckAllocs(t *testing.T) {
 		return testing.AllocsPerRun(100, check)
 	}
 	without, with := allocs("anon"), allocs("acme")
-	if with > without {
+	if with != without {
 		t.Fatalf("a check allocates %v times with a quota and override, %v without", with, without)
 	}
 }
