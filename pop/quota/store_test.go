@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -286,5 +287,41 @@ func waitFile(t *testing.T, path string) {
 			t.Fatalf("%s not written within 5s", path)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A damaged snapshot stops the start with a message naming the file and the
+// line, rather than starting with fewer quotas than the last run enforced.
+func TestDamagedSnapshot(t *testing.T) {
+	dir := t.TempDir()
+	f, err := quota.OpenFile(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"a", "b"} {
+		if _, err := f.Put(context.Background(), mkQuota(k, "pro"), "t"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(dir, "quotas.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	for name, text := range map[string]string{
+		"bad line":  lines[0] + "\n" + lines[1] + "\n{\"api_key\":\n",
+		"truncated": lines[0] + "\n" + lines[1] + "\n",
+	} {
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := quota.OpenFile(dir)
+		if err == nil || !strings.Contains(err.Error(), path) {
+			t.Errorf("%s: %v, want an error naming %s", name, err, path)
+		}
+		if name == "bad line" && !strings.Contains(err.Error(), ":3") {
+			t.Errorf("%s: %v, want it to name line 3", name, err)
+		}
 	}
 }
