@@ -315,19 +315,20 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 		entries := d.Entries
 		matched := dom.Match(entries)
 		q, tier, tenant := e.tenant(dom, entries, nowNs)
+		mq := q // the key's overrides of the matched limits
 		if d.Limit != nil && len(entries) > 0 {
 			l, err := overrideLimit(dom, matched, d.Limit, di)
 			if err != nil {
 				return err
 			}
-			matched, q = []*rules.Limit{l}, nil
+			matched, mq = []*rules.Limit{l}, nil // the request's own limit stands
 		}
 		hits := d.hits(req.HitsAddend)
 		for _, l := range matched {
 			if l.Unlimited {
 				continue
 			}
-			l = q.Limit(l)
+			l = mq.Limit(l)
 			start := len(s.keys)
 			s.keys = l.AppendKey(s.keys, entries)
 			s.push(res, start, l, di, hits, d.Limit != nil)

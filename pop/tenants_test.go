@@ -157,3 +157,25 @@ func TestTenantCheckAllocs(t *testing.T) {
 		t.Fatalf("a check allocates %v times with a quota and override, %v without", with, without)
 	}
 }
+
+// A request's own limit (Envoy's RateLimitOverride) replaces the limits its
+// descriptor matches, but not the key's tier, whose override still applies.
+func TestTenantTierWithRequestOverride(t *testing.T) {
+	e, idx := tenantEngine(t)
+	idx.Replace([]*quota.Quota{{APIKey: "acme", Tier: "pro", Overrides: []quota.Override{{Descriptor: "tier:pro", RequestsPerUnit: 2, Unit: rules.Minute}}}}, 1)
+	r := req(1, []string{"api_key", "acme"})
+	r.Descriptors[0].Limit = &Override{RequestsPerUnit: 1000, Unit: rules.Minute}
+	var res Result
+	ok := 0
+	for range 5 {
+		if err := e.CheckAt(context.Background(), t0.Add(time.Second), r, &res); err != nil {
+			t.Fatal(err)
+		}
+		if res.Code == OK {
+			ok++
+		}
+	}
+	if ok != 2 {
+		t.Fatalf("%d hits passed, want the tier override's 2 despite the request's own limit of 1000", ok)
+	}
+}
