@@ -151,10 +151,13 @@ func (in interner) get(b []byte) string {
 // scanQuotas reads rows of selectRows into quotas, in the order their keys
 // first appear; a key's rows need not be adjacent (Snapshot reads the table
 // unordered, which spares PostgreSQL a sort of every row).
-func scanQuotas(rows pgx.Rows) ([]*Quota, error) {
+func scanQuotas(rows pgx.Rows) ([]*Quota, error) { return scanQuotasN(rows, 0) }
+
+// scanQuotasN is scanQuotas expecting about n keys (sizing its map once).
+func scanQuotasN(rows pgx.Rows, n int) ([]*Quota, error) {
 	defer rows.Close()
-	var out []*Quota
-	byKey := map[string]*Quota{}
+	out := make([]*Quota, 0, n)
+	byKey := make(map[string]*Quota, n)
 	in := interner{}
 	var (
 		key, desc, tier, unit []byte
@@ -387,14 +390,15 @@ func (p *Postgres) Snapshot(ctx context.Context) ([]*Quota, int64, error) {
 	var all []*Quota
 	var version int64
 	err := p.readOnly(ctx, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, `SELECT COALESCE(MAX(id), 0) FROM quota_audit`).Scan(&version); err != nil {
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT (SELECT COALESCE(MAX(id), 0) FROM quota_audit), (SELECT COUNT(*) FROM quota_overrides WHERE descriptor = '')`).Scan(&version, &n); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, selectRows)
 		if err != nil {
 			return err
 		}
-		all, err = scanQuotas(rows)
+		all, err = scanQuotasN(rows, n)
 		return err
 	})
 	if err != nil {
