@@ -55,7 +55,7 @@ func (e *Engine) UsageAt(ctx context.Context, now time.Time, domain, key string)
 		}
 		seen[string(k)] = true
 		out = append(out, Usage{Descriptor: desc, Limit: l, Tier: tier})
-		items = append(items, itemFor(l, k, share))
+		items = append(items, itemFor(l, k, share, false)) // a read never counts
 	}
 	tdesc := []rules.Entry{{Key: dom.Tenants.Key, Value: key}}
 	q, tier, _ := e.tenant(dom, tdesc, nowNs)

@@ -22,10 +22,13 @@ import (
 const popUsage = `Usage: edgelimit pop [flags]
 
 Runs a point of presence: it answers rate limit checks over HTTP
-(POST /v1/check, POST /v1/check/batch, /v1/authz for proxies' forward auth,
-GET /healthz, /readyz, /metrics), deciding on a counter store and the rules in
---rules, which it reloads when they change. Tenants' tiers and per-key
-overrides come from --quotas and are managed on --admin-listen.
+(POST /v1/check, POST /v1/check/batch, POST /json as Envoy's ratelimit serves it,
+/v1/authz for proxies' forward auth, POST /v1/release for the leases of
+concurrency limits, GET /healthz, /readyz, /metrics), deciding on a counter
+store and the rules in --rules, which it reloads when they change. Concurrency
+leases live in the same store: this process when embedded, the shared Redis
+with --store redis://…. Tenants' tiers
+and per-key overrides come from --quotas and are managed on --admin-listen.
 
 Every flag can also be set by the environment variable EDGELIMIT_<FLAG>
 (upper case, '-' as '_', e.g. EDGELIMIT_LISTEN) or by a YAML file given with
@@ -55,6 +58,8 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.GRPCListen, "grpc-listen", "", "`address` of Envoy's gRPC rate limit service (envoy.service.ratelimit.v3) and the gRPC health service (off when empty)")
 	fs.Var(&rules, "rules", "rule `files or directories` (comma-separated or repeated); YAML in Envoy ratelimit's format")
 	fs.DurationVar(&cfg.RulesInterval, "rules-interval", time.Second, "how often to check the rule files for changes")
+	fs.BoolVar(&cfg.CountDeniedHits, "count-denied-hits", false, "pop-scope limits count the hits of denied requests too, as Envoy's ratelimit does (a client that\nkeeps sending stays over); by default a denied request spends no quota")
+	fs.BoolVar(&cfg.MergeDomains, "merge-domains", false, "let several rule files define one domain and join their descriptors (Envoy ratelimit's\nMERGE_DOMAIN_CONFIG); without it a domain defined twice is an error")
 	fs.BoolVar(&cfg.AllowEmptyRules, "allow-empty-rules", false, "accept a rule set without limits (it admits every request); without it, an empty rule set\nfails to start and a reload to one fails and keeps the last good rules")
 	fs.StringVar(&cfg.DataDir, "data", "./data", "data `directory` for the PoP's durable state (created if missing)")
 	fs.StringVar(&cfg.Store, "store", "embedded", "counter store: embedded (in-process), or a Redis `URL` shared by the PoP's servers:\nredis://[user:pass@]host:port[/db], rediss:// for TLS, or host:port,host:port,... for a Redis Cluster")
@@ -71,6 +76,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&cfg.ReadTimeout, "read-timeout", node.DefaultReadTimeout, "how long a client may take to send a request, headers and body (408 past it)")
 	fs.IntVar(&bodyMemoryMiB, "max-body-memory-mib", httpapi.DefaultMaxBodyMemory>>20, "MiB that request bodies in flight may hold together (503 with Retry-After past it); at least 24,\nwhat the largest batch needs")
 	fs.BoolVar(&mitigationsEndpoint, "mitigations-endpoint", true, "serve GET /v1/mitigations, which lists the keys under mitigation (possibly API keys)\nto anyone who can reach --listen")
+	fs.IntVar(&cfg.TopKeys, "top-keys", node.DefaultTopKeys, "size of the fixed-memory sketch of the most limited keys (GET /v1/top, unless\n--mitigations-endpoint=false; metric edgelimit_top_limited_keys); 0 keeps none")
 	fs.StringVar(&repl.region, "region", "", "this PoP's region; with --pop, limits with scope region or global count across PoPs")
 	fs.StringVar(&repl.pop, "pop", "", "this PoP's name, its replica name: unique across regions")
 	fs.StringVar(&repl.topology, "topology", "", "every region's PoPs: `region=pop,pop;region=pop` (default: this PoP alone)")
@@ -107,6 +113,8 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	}
 	cfg.Rules = rules.values
 	switch {
+	case cfg.TopKeys < 0:
+		return fmt.Errorf("--top-keys must be ≥ 0, got %d", cfg.TopKeys)
 	case cfg.MaxKeys <= 0:
 		return fmt.Errorf("--max-keys must be > 0, got %d", cfg.MaxKeys)
 	case cfg.RulesInterval <= 0:

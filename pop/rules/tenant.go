@@ -217,7 +217,7 @@ func (p *parser) tenants(f field) *Tenants {
 		}
 		node := &Node{}
 		before := len(p.limits)
-		p.descriptorLimits(tm, "tier:"+name, node, false)
+		p.descriptorLimits(tm, "tier:"+name, node, false, false, nil)
 		for _, l := range p.limits[before:] {
 			if l.Unlimited {
 				p.errorf(it, "tier %q: an unlimited tier limit limits nothing; leave the limit out", name)

@@ -122,11 +122,11 @@ func (s *Memory) CheckAt(_ context.Context, now, hits int64, items []limit.Item,
 		sh.mu.Lock()
 		if i := sh.get(s, h, items[0].Key, now); i >= 0 {
 			sl := &sh.t.slots[i]
-			out[0] = items[0].Spec.Take(&sl.st, now, hits) // a shadow limit adds only what it allowed, as Decide does
+			out[0] = items[0].Take(&sl.st, now, hits) // a shadow limit adds only what it allowed, as Decide does
 			sl.idleAt = items[0].Spec.IdleAt(&sl.st)
 		} else {
 			var fresh limit.State // untracked: see shard.get
-			out[0] = items[0].Spec.Take(&fresh, now, hits)
+			out[0] = items[0].Take(&fresh, now, hits)
 		}
 		sh.mu.Unlock()
 		return nil

@@ -117,6 +117,8 @@ func (c *Core) hearClock(now int64, m Message) {
 	c.nextFlush += d
 	c.nextSnap += d
 	c.nextHello += d
+	c.reach.Shift(d)
+	c.reviewed += d
 	for _, due := range []*int64{&c.bitsDue, &c.urgentDue} {
 		if *due != never {
 			*due += d
