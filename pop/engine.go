@@ -214,6 +214,7 @@ type Engine struct {
 	rules   atomic.Pointer[rules.Set]
 	metrics *Metrics
 	mit     *Mitigations    // nil: no mitigation bits
+	quotas  Quotas          // nil: no per-key quotas (tenants.go)
 	top     *topkeys.Sketch // nil: no top limited keys
 	share   atomic.Uint64   // math.Float64bits of the global share; 0 bits = 1.0
 	// countDenied: pop-scope limits count denied hits (SetCountDenied).
@@ -355,19 +356,21 @@ func (e *Engine) check(ctx context.Context, now time.Time, req *Request, res *Re
 	replaced := e.replaced(dom, req, s)
 	s.slots, s.slotLimits, s.slotOwner = s.slots[:0], s.slotLimits[:0], s.slotOwner[:0]
 
+	nowNs := now.UnixNano()
 	for di := range req.Descriptors {
 		d := &req.Descriptors[di]
 		entries := d.Entries
 		matched := dom.Match(entries)
+		q, tier, tenant := e.tenant(dom, entries, nowNs)
+		mq := q // the key's overrides of the matched limits
 		if d.Limit != nil && len(entries) > 0 {
 			l, err := overrideLimit(dom, matched, d.Limit, di)
 			if err != nil {
 				return err
 			}
-			matched = []*rules.Limit{l}
+			matched, mq = []*rules.Limit{l}, nil // the request's own limit stands
 		}
 		hits := d.hits(req.HitsAddend)
-	limits:
 		for _, l := range matched {
 			if l.Unlimited {
 				res.Statuses[di].Unlimited = true
@@ -383,23 +386,16 @@ func (e *Engine) check(ctx context.Context, now time.Time, req *Request, res *Re
 				}
 				continue
 			}
+			l = mq.Limit(l)
 			start := len(s.keys)
 			s.keys = l.AppendKey(s.keys, entries)
-			// The same limit reached twice (a repeated descriptor) counts once.
-			for i := range s.ends {
-				if bytes.Equal(s.key(i), s.keys[start:]) {
-					s.keys = s.keys[:start]
-					continue limits
-				}
-			}
-			s.ends = append(s.ends, len(s.keys))
-			s.limits = append(s.limits, l)
-			s.owner = append(s.owner, di)
-			s.hits = append(s.hits, hits)
-			s.override = append(s.override, d.Limit != nil)
-			if !l.Shadow {
-				res.Policies = append(res.Policies, l)
-			}
+			s.push(res, start, l, di, hits, d.Limit != nil)
+		}
+		for _, l := range tier {
+			l = q.Limit(l)
+			start := len(s.keys)
+			s.keys = l.AppendTenantKey(s.keys, dom.Tenants.Key, tenant)
+			s.push(res, start, l, di, hits, false)
 		}
 	}
 	n := len(s.limits)
@@ -410,21 +406,14 @@ func (e *Engine) check(ctx context.Context, now time.Time, req *Request, res *Re
 	countDenied := e.countDenied.Load()
 	quotaMode := false
 	for i, l := range s.limits {
-		// A quota-mode limit never denies on its own (decideQuotaMode).
-		it := limit.Item{Key: s.key(i), Spec: l.Spec, Shadow: l.Shadow || l.QuotaMode, FailClosed: l.FailClosed, Scope: l.Scope,
-			CountDenied: countDenied && l.Scope == limit.ScopePOP}
+		s.items = append(s.items, itemFor(l, s.key(i), share, countDenied))
 		quotaMode = quotaMode || l.QuotaMode
-		if share != 0 && l.Scope == limit.ScopeGlobal {
-			it.Spec.Limit = int64(float64(it.Spec.Limit) * math.Float64frombits(share))
-		}
-		s.items = append(s.items, it)
 	}
 	if cap(s.out) < n {
 		s.out = make([]limit.Decision, n)
 	}
 	s.out = s.out[:n]
 
-	nowNs := now.UnixNano()
 	if e.mit != nil {
 		for i := range s.items {
 			it := &s.items[i]
@@ -635,6 +624,39 @@ func (e *Engine) issue(s *scratch, nowNs int64) {
 		}
 		e.mit.Issue(s.items[i].Key, l.Scope, until, nowNs)
 	}
+}
+
+// push adds limit l of descriptor di, whose key is s.keys[start:], to the
+// check — unless the same key is already there (a repeated descriptor, or a
+// tier reached from two descriptors), which counts once.
+func (s *scratch) push(res *Result, start int, l *rules.Limit, di int, hits int64, override bool) {
+	for i := range s.ends {
+		if bytes.Equal(s.key(i), s.keys[start:]) {
+			s.keys = s.keys[:start]
+			return
+		}
+	}
+	s.ends = append(s.ends, len(s.keys))
+	s.limits = append(s.limits, l)
+	s.owner = append(s.owner, di)
+	s.hits = append(s.hits, hits)
+	s.override = append(s.override, override)
+	if !l.Shadow {
+		res.Policies = append(res.Policies, l)
+	}
+}
+
+// itemFor is the store item of limit l under key: while the region is cut
+// off (share, math.Float64bits of the global share; 0 for none), a global
+// limit shrinks to its share; a quota-mode limit never denies on its own
+// (decideQuotaMode); with countDenied, pop-scope limits count denied hits.
+func itemFor(l *rules.Limit, key []byte, share uint64, countDenied bool) limit.Item {
+	it := limit.Item{Key: key, Spec: l.Spec, Shadow: l.Shadow || l.QuotaMode, FailClosed: l.FailClosed, Scope: l.Scope,
+		CountDenied: countDenied && l.Scope == limit.ScopePOP}
+	if share != 0 && l.Scope == limit.ScopeGlobal {
+		it.Spec.Limit = int64(float64(it.Spec.Limit) * math.Float64frombits(share))
+	}
+	return it
 }
 
 func (s *scratch) key(i int) []byte {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/pop/httpapi"
 	"github.com/edgelimit/edgelimit/pop/node"
+	"github.com/edgelimit/edgelimit/pop/quota"
 	"github.com/edgelimit/edgelimit/pop/store"
 )
 
@@ -25,7 +27,8 @@ Runs a point of presence: it answers rate limit checks over HTTP
 concurrency limits, GET /healthz, /readyz, /metrics), deciding on a counter
 store and the rules in --rules, which it reloads when they change. Concurrency
 leases live in the same store: this process when embedded, the shared Redis
-with --store redis://….
+with --store redis://…. Tenants' tiers
+and per-key overrides come from --quotas and are managed on --admin-listen.
 
 Every flag can also be set by the environment variable EDGELIMIT_<FLAG>
 (upper case, '-' as '_', e.g. EDGELIMIT_LISTEN) or by a YAML file given with
@@ -47,6 +50,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 		repl   replFlags
 
 		redisPasswordFile   string
+		adminTokenFile      string
 		bodyMemoryMiB       int
 		mitigationsEndpoint bool
 	)
@@ -94,6 +98,10 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&repl.natsListen, "nats-port", -1, "client port of the embedded NATS server (-1: a free port)")
 	fs.IntVar(&repl.leafListen, "nats-leaf-port", 0, "embedded NATS: accept other regions' leaf connections on this port (the hub region; 0: none)")
 	fs.Var(&repl.leafRemotes, "nats-leaf-remote", "embedded NATS: connect to the hub region's leaf `URL` (nats-leaf://host:port), comma-separated or repeated")
+	fs.StringVar(&cfg.Quotas, "quotas", "embedded", "tenant quota store: embedded (a file under --data, for a single PoP) or a PostgreSQL `URL`\n(postgres://user@host:5432/db; the system of record, shared by every PoP)")
+	fs.DurationVar(&cfg.QuotasPoll, "quotas-poll", quota.DefaultPoll, "how often to ask the quota store for changes besides PostgreSQL's LISTEN/NOTIFY (a backstop)")
+	fs.StringVar(&cfg.AdminListen, "admin-listen", "", "`address` of the admin API (/admin/v1/quotas, /admin/v1/usage; off when empty; needs --admin-token-file)")
+	fs.StringVar(&adminTokenFile, "admin-token-file", "", "`file` holding the admin API's bearer token (one line; never on the command line)")
 	fs.StringVar(&level, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&format, "log-format", "text", "log format: text or json")
 	fs.StringVar(&config, "config", "", "YAML `file` of settings, keyed by flag name")
@@ -125,6 +133,19 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("--redis-password-file: %w", err)
 		}
 		cfg.RedisPassword = pw
+	}
+	if adminTokenFile != "" {
+		tok, err := readSecret(adminTokenFile)
+		if err != nil {
+			return fmt.Errorf("--admin-token-file: %w", err)
+		}
+		cfg.AdminToken = tok
+	}
+	if cfg.AdminListen != "" && cfg.AdminToken == "" {
+		return errors.New("--admin-listen needs --admin-token-file (the bearer token is never taken from the command line)")
+	}
+	if cfg.QuotasPoll <= 0 {
+		return fmt.Errorf("--quotas-poll must be > 0, got %v", cfg.QuotasPoll)
 	}
 	topo, err := repl.validate()
 	if err != nil {

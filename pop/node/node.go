@@ -121,6 +121,8 @@ type Config struct {
 	// GRPCReady, when set with GRPCListen, receives the address the gRPC
 	// service listens on once it does.
 	GRPCReady chan<- net.Addr
+	// QuotaConfig configures tenant quotas and the admin API (quotas.go).
+	QuotaConfig
 }
 
 // DefaultReadTimeout is Config.ReadTimeout's default: how long a client may
@@ -253,6 +255,11 @@ func Run(ctx context.Context, cfg Config) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	stopQuotas, adminErr, err := startQuotas(ctx, cfg, eng, reg, log)
+	if err != nil {
+		return err
+	}
+	defer stopQuotas()
 	replErr := make(chan error, 1)
 	if cfg.Replicate != nil {
 		setClock := func(d time.Duration) {
@@ -360,6 +367,8 @@ func Run(ctx context.Context, cfg Config) error {
 		if err != nil && ctx.Err() == nil {
 			return fmt.Errorf("replication: %w", err)
 		}
+	case err := <-adminErr:
+		return err
 	case <-ctx.Done():
 	}
 	log.Info("shutting down")

@@ -521,7 +521,7 @@ func (p *parser) list(f field, what string) ([]*yaml.Node, bool) {
 
 // domain parses the top level of a rule file.
 func (p *parser) domain(n *yaml.Node) *Domain {
-	m := p.mapping(n, "the rule file", []string{"domain", "descriptors", "forward_auth"}, nil)
+	m := p.mapping(n, "the rule file", []string{"domain", "descriptors", "forward_auth", "tenants"}, nil)
 	if m == nil {
 		return nil
 	}
@@ -547,7 +547,13 @@ func (p *parser) domain(n *yaml.Node) *Domain {
 	if f, ok := m["forward_auth"]; ok {
 		d.ForwardAuth = p.forwardAuth(f)
 	}
+	if f, ok := m["tenants"]; ok {
+		d.Tenants = p.tenants(f)
+	}
 	p.nameLimits()
+	if d.Tenants != nil {
+		d.Tenants.finish(root)
+	}
 	for _, l := range p.limits {
 		l.Domain = name
 	}

@@ -37,9 +37,21 @@ func (d *Domain) merge(o *Domain) error {
 	if o.ForwardAuth != nil && d.ForwardAuth != nil {
 		return fmt.Errorf("domain %q: forward_auth is already defined in %s", d.Name, d.File)
 	}
+	if o.Tenants != nil && d.Tenants != nil {
+		return fmt.Errorf("domain %q: tenants is already defined in %s", d.Name, d.File)
+	}
 	if o.ForwardAuth != nil {
 		d.ForwardAuth = o.ForwardAuth
 	}
+	if o.Tenants != nil {
+		d.Tenants = o.Tenants
+	}
+	// The merged tree may hold more limits below the tenant entry.
+	defer func() {
+		if d.Tenants != nil {
+			d.Tenants.finish(&d.root)
+		}
+	}()
 	if d.root.children == nil && len(o.root.children) > 0 {
 		d.root.children = make(map[string]*keyNode)
 	}

@@ -373,6 +373,11 @@ func (s *Set) Limits() []*Limit {
 	var out []*Limit
 	for _, d := range s.domains {
 		out = d.root.collect(out)
+		if t := d.Tenants; t != nil {
+			for _, name := range t.names {
+				out = append(out, t.tiers[name]...)
+			}
+		}
 	}
 	return out
 }
@@ -386,7 +391,9 @@ type Domain struct {
 	// ForwardAuth derives descriptors from a proxy's sub-request; nil when
 	// the domain does not serve /v1/authz.
 	ForwardAuth *ForwardAuth
-	replaces    bool // a limit has Replaces
+	// Tenants, when set, are the domain's tiers and tenant entry (tenant.go).
+	Tenants  *Tenants
+	replaces bool // a limit has Replaces
 }
 
 // NewDomain returns a domain whose descriptor tree is root.
