@@ -1,6 +1,7 @@
 package pop
 
 import (
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -98,6 +99,9 @@ func (b ReplicaBounds) lookup(key string, buf []rules.Entry) (l *rules.Limit, k 
 	if d == nil {
 		return nil, k, true
 	}
+	if d.Tenants != nil {
+		return tenantLimit, k, true
+	}
 	for _, m := range d.Match(k.Entries) {
 		if m.Unit == k.Unit && max(m.Multiplier, 1) == k.Multiplier && m.Spec.Algorithm == k.Algorithm && m.Scope == k.Scope && !m.Unlimited {
 			return m, k, true
@@ -105,6 +109,12 @@ func (b ReplicaBounds) lookup(key string, buf []rules.Entry) (l *rules.Limit, k 
 	}
 	return nil, k, true
 }
+
+// tenantLimit is what lookup returns for a key of a domain with tenants: its
+// limit is the key's tier's, or an override from the quota store (pop/quota),
+// which this PoP may hold in another version than the sender, so no count
+// bound is safe to derive from the rules alone.
+var tenantLimit = &rules.Limit{Name: "tenant"}
 
 // MaxCount returns the highest count another replica can honestly report
 // for key in one window: BoundFactor × the key's limit here. A key no PoP
@@ -117,6 +127,8 @@ func (b ReplicaBounds) MaxCount(key string) uint64 {
 	switch {
 	case !ok:
 		return 0
+	case l == tenantLimit:
+		return math.MaxUint64 // see tenantLimit: only the topology and sender checks apply
 	case l != nil:
 		return BoundFactor * uint64(max(l.Spec.Limit, 0))
 	}
@@ -135,7 +147,18 @@ func (b ReplicaBounds) MaxBit(key string) time.Duration {
 		return 0
 	}
 	most := 2 * k.Window()
-	if l != nil {
+	switch {
+	case l == tenantLimit: // the longest ban of the domain's limits and tiers
+		d := b.e.Rules().Domain(k.Domain)
+		for _, r := range b.e.Rules().Limits() {
+			most = max(most, r.Mitigation)
+		}
+		for _, name := range d.Tenants.TierNames() {
+			for _, r := range d.Tenants.Tier(name) {
+				most = max(most, r.Mitigation)
+			}
+		}
+	case l != nil:
 		most = max(most, l.Mitigation)
 	}
 	return most + bitSlack

@@ -2,10 +2,15 @@ package pop
 
 import (
 	"context"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/edgelimit/edgelimit/pop/rules"
+	"github.com/edgelimit/edgelimit/pop/store"
 )
 
 // TestReplicaBounds: the bounds follow the rules, and what an honest engine
@@ -85,5 +90,35 @@ func BenchmarkReplicaBoundsMaxCount(b *testing.B) {
 		if bounds.MaxCount(key) == 0 {
 			b.Fatal("no bound")
 		}
+	}
+}
+
+// TestReplicaBoundsTenants: in a domain with tenants a key's limit is its
+// tier's or a per-key override from the quota store, which the rules alone
+// do not tell: counts there are not bounded (a per-key override of 10,000 on
+// a rule of 100 is honest), and a bit may hold as long as the domain's
+// longest ban.
+func TestReplicaBoundsTenants(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "r.yaml")
+	file := strings.ReplaceAll(tenantRuleFile, "requests_per_unit: 100}", "requests_per_unit: 100, scope: global}")
+	if err := os.WriteFile(p, []byte(file), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	set, _, err := rules.Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := NewEngine(store.NewMemory(store.MemoryConfig{}), set, nil)
+	l := e.Rules().Domain("api").Match([]rules.Entry{{Key: "api_key", Value: "k"}})[0]
+	key := string(l.AppendKey(nil, []rules.Entry{{Key: "api_key", Value: "k"}}))
+	if _, ok := rules.ParseKey(key, nil); !ok {
+		t.Fatalf("key %q does not parse", key)
+	}
+	b := e.ReplicaBounds()
+	if got := b.MaxCount(key); got != math.MaxUint64 {
+		t.Errorf("MaxCount in a tenant domain = %d, want no bound", got)
+	}
+	if got, want := b.MaxBit(key), 2*time.Minute+bitSlack; got != want {
+		t.Errorf("MaxBit in a tenant domain = %v, want %v", got, want)
 	}
 }
