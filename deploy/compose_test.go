@@ -67,6 +67,7 @@ func hostPort(t *testing.T, u string) (string, string) {
 // edgelimit, and promtool accepts its config.
 func TestComposeFile(t *testing.T) {
 	flags := popFlags(t)
+	keys := natsKeys(t, composeTopology(t))
 	var file struct {
 		Services map[string]composeService `yaml:"services"`
 		Volumes  map[string]any            `yaml:"volumes"`
@@ -85,7 +86,12 @@ func TestComposeFile(t *testing.T) {
 				continue
 			}
 			src, dst := parts[0], parts[1]
-			if strings.HasPrefix(src, ".") {
+			if gen, ok := strings.CutPrefix(src, "./nats/keys/"); ok {
+				// Written by edgelimit natsconf before compose up.
+				if _, err := os.Stat(filepath.Join(keys, gen)); err != nil {
+					t.Errorf("%s mounts %s, which edgelimit natsconf does not write: %v", name, src, err)
+				}
+			} else if strings.HasPrefix(src, ".") {
 				if _, err := os.Stat(src); err != nil {
 					t.Errorf("%s mounts %s: %v", name, src, err)
 				}
@@ -286,4 +292,14 @@ func TestComposeFile(t *testing.T) {
 	} else {
 		t.Log("promtool not found: prometheus.yml not checked by promtool (TestAlertsPromtool says more)")
 	}
+}
+
+// composeTopology returns the --topology the compose file's PoPs share.
+func composeTopology(t *testing.T) string {
+	t.Helper()
+	m := regexp.MustCompile(`EDGELIMIT_TOPOLOGY: "([^"]+)"`).FindStringSubmatch(readRepoFile(t, "deploy/compose.yaml"))
+	if m == nil {
+		t.Fatal("compose.yaml sets no EDGELIMIT_TOPOLOGY")
+	}
+	return m[1]
 }

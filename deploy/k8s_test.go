@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -91,6 +92,13 @@ func renderK8s(t *testing.T) []k8sObject {
 			t.Fatal("CI=true and kubectl is missing")
 		}
 		t.Skip("kubectl is missing: cannot render deploy/k8s")
+	}
+	// The operator's first step (kustomization.yaml): the PoPs' nkeys.
+	keys := filepath.Join("k8s", "keys")
+	t.Cleanup(func() { os.RemoveAll(keys) })
+	if out, err := exec.Command(edgelimitBin(t), "natsconf", "--keys", keys, "--topology",
+		"eu=edgelimit-eu-0,edgelimit-eu-1;us=edgelimit-us-0,edgelimit-us-1;ap=edgelimit-ap-0,edgelimit-ap-1").CombinedOutput(); err != nil {
+		t.Fatalf("edgelimit natsconf: %v\n%s", err, out)
 	}
 	out, err := exec.Command("kubectl", "kustomize", "k8s").CombinedOutput()
 	if err != nil {

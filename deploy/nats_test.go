@@ -3,12 +3,16 @@ package deploy
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/edgelimit/edgelimit/deploy/lab"
+	"github.com/edgelimit/edgelimit/replication/natstest"
 )
 
 // natsServerBin builds nats-server at the version go.mod names.
@@ -19,10 +23,38 @@ func natsServerBin(t *testing.T) string {
 // Passwords as an operator would make them: letters and digits (a value of
 // digits only would be read as a number; see hub-region.conf).
 const (
-	popPassword  = "pop7Secret9Xq"
-	leafPassword = "leaf3Secret8Zw"
-	sysPassword  = "sys5Secret2Ky"
+	leafPassword  = "leaf3Secret8Zw"
+	sysPassword   = "sys5Secret2Ky"
+	probePassword = "probe4Secret1Wv"
 )
+
+// natsKeys runs edgelimit natsconf for topology into a new directory, as an
+// operator would, and returns it. To the generated accounts it adds one user
+// the test probes JetStream domains with (the PoPs' own permissions do not
+// reach other domains' APIs, and should not).
+func natsKeys(t *testing.T, topology string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "keys")
+	if out, err := exec.Command(edgelimitBin(t), "natsconf", "--topology", topology, "--keys", dir).CombinedOutput(); err != nil {
+		t.Fatalf("edgelimit natsconf: %v\n%s", err, out)
+	}
+	file := filepath.Join(dir, "edgelimit-accounts.conf")
+	text := template(t, file, readFile(t, file), "    users: [\n",
+		fmt.Sprintf("    users: [\n      { user: probe, password: %s }\n", probePassword))
+	if err := os.WriteFile(file, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
 
 // natsServer is one server of a region started from a deploy/nats config.
 type natsServer struct {
@@ -38,8 +70,12 @@ func (s *natsServer) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", s.
 // what the file takes from the environment (server name, region, routes,
 // hub URLs, passwords) set there, and only the listen addresses, store
 // directory and size replaced in the text (every server here is on
-// 127.0.0.1). hub is the hub region's servers, for a leaf region.
-func startRegion(t *testing.T, conf, region string, hub []*natsServer) []*natsServer {
+// 127.0.0.1). hub is the hub region's servers, for a leaf region. keys is
+// what edgelimit natsconf wrote (natsKeys): each server gets
+// keys/edgelimit-accounts.conf next to its config. The leaf links' TLS blocks
+// are uncommented, as the files tell an operator to, with pki's server
+// certificate.
+func startRegion(t *testing.T, conf, region string, hub []*natsServer, keys string, pki natstest.PKI) []*natsServer {
 	t.Helper()
 	bin := natsServerBin(t)
 	text := readRepoFile(t, "deploy/nats/"+conf)
@@ -58,12 +94,22 @@ func startRegion(t *testing.T, conf, region string, hub []*natsServer) []*natsSe
 			"listen: 0.0.0.0:6222", fmt.Sprintf("listen: 127.0.0.1:%d", s.route),
 			"store_dir: /var/lib/nats/jetstream", "store_dir: " + filepath.Join(dir, "jetstream"),
 			"max_file_store: 10G", "max_file_store: 256M",
+			"# tls { cert_file: $NATS_TLS_CERT", "tls { cert_file: $NATS_TLS_CERT",
 		}
 		env := []string{
 			"NATS_SERVER_NAME=" + s.name,
 			"EDGELIMIT_REGION=" + region,
-			"EDGELIMIT_NATS_PASSWORD=" + popPassword,
 			"NATS_SYS_PASSWORD=" + sysPassword,
+			"NATS_TLS_CERT=" + pki.ServerCert,
+			"NATS_TLS_KEY=" + pki.ServerKey,
+			"NATS_TLS_CA=" + pki.CAFile,
+		}
+		if err := os.MkdirAll(filepath.Join(dir, "keys"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		accounts := readFile(t, filepath.Join(keys, "edgelimit-accounts.conf"))
+		if err := os.WriteFile(filepath.Join(dir, "keys", "edgelimit-accounts.conf"), []byte(accounts), 0o644); err != nil {
+			t.Fatal(err)
 		}
 		for i, o := range servers {
 			env = append(env, fmt.Sprintf("NATS_ROUTE_%d=nats-route://127.0.0.1:%d", i+1, o.route))
@@ -92,7 +138,7 @@ func startRegion(t *testing.T, conf, region string, hub []*natsServer) []*natsSe
 	return servers
 }
 
-// waitJetStream waits until s accepts the PoPs' user and its JetStream, in
+// waitJetStream waits until s lets the probe user in and its JetStream, in
 // the domain named after the region, answers.
 func waitJetStream(t *testing.T, s *natsServer, domain string) {
 	t.Helper()
@@ -120,10 +166,10 @@ func waitDomain(t *testing.T, s *natsServer, domain string) {
 	})
 }
 
-// jetStreamDomain asks, as the PoPs' user connected to s, which JetStream
+// jetStreamDomain asks, as the probe user connected to s, which JetStream
 // domain answers: s's own, or with via set, domain via's through s.
 func jetStreamDomain(s *natsServer, via string) (string, error) {
-	return lab.JetStreamDomain(s.url(), "edgelimit", popPassword, via)
+	return lab.JetStreamDomain(s.url(), "probe", probePassword, via)
 }
 
 // TestNATSConfigsLinkRegions runs deploy/nats/hub-region.conf (region eu)
@@ -131,21 +177,26 @@ func jetStreamDomain(s *natsServer, via string) (string, error) {
 // processes per region, of the version go.mod names, passwords from the
 // environment — with the hub server named in EDGELIMIT_HUB_URL stopped (SIGTERM) before
 // the leaves start, so that they must log in to the other hub servers with
-// the credentials of that URL. Then one PoP per region (edgelimit pop
-// --nats ... --nats-user edgelimit, the password from
-// EDGELIMIT_NATS_PASSWORD) counts a global limit: each side must apply the
+// the credentials of that URL; the leaf links run over TLS (the files' tls
+// blocks uncommented, certificates made by the test). Every PoP has its own
+// nkey (edgelimit natsconf). One PoP per region (edgelimit pop --nats ...
+// --nats-nkey <pop>.nk) counts a global limit: each side must apply the
 // other's delta batches from its region's stream (sourced across the leaf
 // link and the JetStream domains), and together they must stop at the limit.
+// Then us-1's credential tries to publish eu-1's delta and a beacon of
+// region eu: the servers refuse both.
 func TestNATSConfigsLinkRegions(t *testing.T) {
 	edgelimitBin(t) // build both binaries before any server starts
 	natsServerBin(t)
-	hub := startRegion(t, "hub-region.conf", "eu", nil)
+	keys := natsKeys(t, "eu=eu-1;us=us-1")
+	pki := natstest.NewPKI(t)
+	hub := startRegion(t, "hub-region.conf", "eu", nil, keys, pki)
 	// Losing one hub server keeps the regions linked. (Stopped as for
 	// maintenance: a server killed outright stays a placement candidate of
 	// the hub's JetStream for a while, and a stream placed on it does not
 	// come up until it is back.)
 	hub[0].p.terminate()
-	leaf := startRegion(t, "leaf-region.conf", "us", hub)
+	leaf := startRegion(t, "leaf-region.conf", "us", hub, keys, pki)
 	// Every server reaches the other region's JetStream domain, which only
 	// a leaf link carries, before any PoP creates a stream: a source consumer
 	// requested across a link not yet up is retried only after 30 s.
@@ -166,7 +217,7 @@ descriptors:
 `, limit), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	env := []string{"EDGELIMIT_NATS_PASSWORD=" + popPassword}
+	var env []string
 	pop := func(region, name string, servers []*natsServer) string {
 		listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		var urls []string
@@ -175,7 +226,7 @@ descriptors:
 		}
 		startPoP(t, name, listen, env, "--rules", rules, "--data", filepath.Join(dir, name),
 			"--region", region, "--pop", name, "--topology", "eu=eu-1;us=us-1",
-			"--nats", strings.Join(urls, ","), "--nats-user", "edgelimit",
+			"--nats", strings.Join(urls, ","), "--nats-nkey", filepath.Join(keys, name+".nk"),
 			"--extrapolate=false") // decide on what was heard, so the counts below are exact
 		return listen
 	}
@@ -199,6 +250,29 @@ descriptors:
 	}
 	waitFor(t, 30*time.Second, "eu-1 sources us and reaches it", healthy(eu))
 	waitFor(t, 30*time.Second, "us-1 sources eu and reaches it", healthy(us))
+
+	// us-1's credential may not speak for eu-1 or for region eu: the server
+	// refuses the publish (and so nothing of it reaches a stream or a PoP).
+	errs := make(chan error, 8)
+	forger, err := nats.Connect(leaf[0].url(), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }),
+		nkeyOption(t, filepath.Join(keys, "us-1.nk")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer forger.Close()
+	for _, subject := range []string{"edgelimit.eu.delta.eu-1", "edgelimit._hello.eu.eu-1", "edgelimit.us.delta.us-2"} {
+		if err := forger.Publish(subject, []byte("forged")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-errs:
+			if !strings.Contains(err.Error(), "Permissions Violation for Publish to \""+subject+"\"") {
+				t.Errorf("publish on %s as us-1: %v, want a permissions violation", subject, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Errorf("publish on %s as us-1: the server did not refuse it", subject)
+		}
+	}
 
 	const body = `{"domain":"edge","descriptors":[{"entries":[{"key":"api_key","value":"k"}]}]}`
 	applied := func(addr string) func() error {
@@ -234,4 +308,14 @@ descriptors:
 			return nil
 		})
 	}
+
+}
+
+func nkeyOption(t *testing.T, seedFile string) nats.Option {
+	t.Helper()
+	o, err := nats.NkeyOptionFromSeed(seedFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
 }

@@ -77,9 +77,10 @@ func TestSystemdUnit(t *testing.T) {
 		t.Fatal(err)
 	}
 	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	env := []string{"EDGELIMIT_DATA=" + filepath.Join(dir, "data"), "EDGELIMIT_NATS_PASSWORD=unused-by-this-server"}
+	env := []string{"EDGELIMIT_DATA=" + filepath.Join(dir, "data")}
+	seed := filepath.Join(natsKeys(t, fmt.Sprint(settings["topology"])), fmt.Sprint(settings["pop"])+".nk")
 	startPoP(t, "pop", listen, env, "--config", config, "--rules", "examples/rules.yaml",
-		"--store", redis.URL(), "--nats", nats.ClientURL())
+		"--store", redis.URL(), "--nats", nats.ClientURL(), "--nats-nkey", seed) // the unit's LoadCredential path
 	samples, err := scrape(listen)
 	if err != nil {
 		t.Fatal(err)

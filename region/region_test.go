@@ -56,6 +56,31 @@ func TestShare(t *testing.T) {
 	}
 }
 
+func TestMember(t *testing.T) {
+	top, err := Parse("eu=eu-1,eu-2;us=us-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		region, pop string
+		want        bool
+	}{
+		{"eu", "eu-1", true},
+		{"us", "us-1", true},
+		{"us", "eu-1", false}, // a PoP of eu naming region us
+		{"eu", "eu-9", false}, // a replica outside the topology
+		{"ap", "ap-1", false}, // a region outside the topology
+		{"", "", false},
+	} {
+		if got := top.Member(c.region, c.pop); got != c.want {
+			t.Errorf("Member(%q, %q) = %v, want %v", c.region, c.pop, got, c.want)
+		}
+	}
+	if (Topology{}).Member("eu", "eu-1") {
+		t.Error("the zero topology has a member")
+	}
+}
+
 // TestReachabilityShift: after the clock it reads moves forward by 2 s, a
 // region heard 1.5 s before is still 1.5 s old, not 3.5 s: a clock correction
 // alone does not cut a region off.

@@ -234,7 +234,7 @@ func TestBitsPartition(t *testing.T) {
 // bits of the same message are applied.
 func TestBitsCorrupt(t *testing.T) {
 	c := natstest.StartRegions(t, "eu")
-	topo := topology(map[string][]string{"eu": {"fra1", "par1"}})
+	topo := topology(map[string][]string{"eu": {"fra1", "par1", "x1"}}) // x1: a PoP that misbehaves
 	fra := startBitPoP(t, c, topo, "eu", "fra1")
 	par := startBitPoP(t, c, topo, "eu", "par1")
 	nc := c.Connect(t, "eu")
@@ -275,7 +275,7 @@ func TestBitsCorrupt(t *testing.T) {
 		bit("pop-scope", 0, until, "x1"),
 		bit("unknown-scope", 300, until, "x1"),
 		bit("expired", scopeGlobal, time.Now().Add(-time.Second).UnixNano(), "x1"),
-		bit("relayed", scopeGlobal, until, "fra1"), // fra1's own, relayed
+		bit("relayed", scopeGlobal, until, "fra1"), // not x1's own: rejected (RejectSender)
 	}}
 	publishRaw(t, nc, subject, marshal(t, mixed))
 
@@ -284,13 +284,14 @@ func TestBitsCorrupt(t *testing.T) {
 			replication.BitDropScope:   2,
 			replication.BitDropExpired: 1,
 		}
-		applied := uint64(3)
-		if p.name == "fra1" {
-			wantBits[replication.BitDropOwn] = 1
-			applied = 2
-		}
+		applied := uint64(2)
+		var rejected [replication.NumRejectReasons]uint64
+		rejected[replication.RejectSender] = 1
 		if _, err := waitFor(3*time.Second, func() error {
 			st := p.rep.Stats()
+			if st.Rejected != rejected {
+				return fmt.Errorf("rejected %v, want %v", st.Rejected, rejected)
+			}
 			if st.Dropped != want || st.DroppedBits != wantBits || st.AppliedBits != applied {
 				return fmt.Errorf("dropped %v, bits dropped %v, applied %d; want %v, %v, %d",
 					st.Dropped, st.DroppedBits, st.AppliedBits, want, wantBits, applied)

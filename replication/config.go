@@ -116,6 +116,12 @@ type Config struct {
 	// skewed one.
 	Now func() int64
 
+	// Bounds, when set, bounds what other PoPs can honestly send: counts
+	// past Bounds.MaxCount and bits ending later than Bounds.MaxBit from now
+	// are clamped (core.Bounds; the PoP's is pop.Engine.ReplicaBounds).
+	// Messages from replicas outside Topology are rejected either way.
+	Bounds core.Bounds
+
 	// Logger receives the Replicator's logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -172,6 +178,7 @@ func New(cfg Config) (*Replicator, error) {
 		Region: cfg.Region, POP: cfg.POP, Topology: cfg.Topology, Counts: cfg.Counts,
 		FlushInterval: cfg.FlushInterval, SnapshotInterval: cfg.SnapshotInterval, HelloInterval: cfg.HelloInterval,
 		BitsInterval: cfg.BitsInterval, UnreachableAfter: cfg.UnreachableAfter, PartitionShare: cfg.PartitionShare,
+		Bounds:      cfg.Bounds,
 		NoClockSync: cfg.NoClockSync, MaxClockStep: cfg.MaxClockStep,
 	}
 	if cfg.Bits != nil {

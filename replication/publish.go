@@ -69,6 +69,7 @@ func (r *Replicator) do(ctx context.Context) {
 		}
 	}
 	r.apply(rd)
+	r.noteRejects(&rd)
 	if rd.ClockChanged {
 		r.moveClock(rd.ClockOffset)
 	}

@@ -56,6 +56,10 @@ var ErrRunning = errors.New("replication: replicator already running")
 // A message that does not decode, fails Validate, needs a newer
 // schema, names another PoP than its subject, or has an unknown subject is
 // dropped, counted in Stats and logged (at most once a second per reason).
+// What decodes but no PoP of the topology could have sent — a replica outside
+// Topology, slots or bits not the sender's own, counts and bits' ends past
+// Config.Bounds — the core refuses or clamps (core.Reject); those are counted
+// in Stats.Rejected and logged the same way (reject.go).
 //
 // Across regions the stream is the durable path, and two direct ones over
 // core NATS keep counts moving while stream sourcing is down or slow to
@@ -127,6 +131,7 @@ type Replicator struct {
 	retryBitsN                                            atomic.Int64
 	appliedBits, appliedSnapBits                          atomic.Uint64
 	droppedBits                                           [NumBitDropReasons]atomic.Uint64
+	rejected                                              [NumRejectReasons]atomic.Uint64
 	bitLag                                                lagHistogram
 }
 
@@ -313,6 +318,9 @@ func (r *Replicator) Stats() Stats {
 	}
 	for i := range s.DroppedBits {
 		s.DroppedBits[i] = r.droppedBits[i].Load()
+	}
+	for i := range s.Rejected {
+		s.Rejected[i] = r.rejected[i].Load()
 	}
 	return s
 }

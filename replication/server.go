@@ -21,7 +21,14 @@ type ServerConfig struct {
 	// Dir is the data directory; JetStream stores under Dir/jetstream.
 	Dir string
 	// Host is the host the client listener binds; "" means 127.0.0.1.
+	// Beyond loopback the server needs Users: StartServer refuses to start
+	// an open server there (ErrOpenServer).
 	Host string
+	// Users, when set, are the only clients the server lets in: each PoP
+	// with its own nkey and its Permissions. Without Users anyone who
+	// reaches the client port may publish anything, which is why that is
+	// only allowed on loopback.
+	Users []PoPKey
 	// Port is the client port; -1 picks a free port, 0 means NATS's 4222.
 	Port int
 	// Domain is the JetStream domain. Regions linked by leaf nodes each need
@@ -171,6 +178,12 @@ func serverOptions(cfg ServerConfig) (*server.Options, error) {
 		MaxPayload:         cfg.MaxPayload,
 		NoSigs:             true,
 		NoLog:              cfg.Logger == nil,
+	}
+	if len(cfg.Users) > 0 {
+		opts.Nkeys = nkeyUsers(cfg.Users)
+	} else if !isLoopback(opts.Host) {
+		return nil, fmt.Errorf("%w: server %q would listen on %s; list the PoPs' public nkeys (--nats-authorized-keys, written by edgelimit natsconf) or keep --nats-host on loopback",
+			ErrOpenServer, cfg.Name, opts.Host)
 	}
 	if c := cfg.Cluster; c != nil {
 		opts.Cluster.Name = c.Name

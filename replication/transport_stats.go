@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/region"
+	"github.com/edgelimit/edgelimit/replication/core"
 )
 
 // DropReason says why a received message was dropped instead of applied.
@@ -134,6 +135,11 @@ type Stats struct {
 	AppliedBits, AppliedSnapshotBits uint64
 	// DroppedBits counts received bits not applied, by reason.
 	DroppedBits [NumBitDropReasons]uint64
+	// Rejected counts what the receiver's checks refused or clamped, by
+	// reason (RejectReason): messages from outside the topology, slots and
+	// bits that were not their sender's, counts and bits' ends past
+	// Config.Bounds.
+	Rejected [NumRejectReasons]uint64
 	// BitLag is the propagation delay of bits applied from batches: the
 	// receiver's clock when it applied a bit minus the origin's clock at the
 	// flush that published it (issued_unix_nano). It includes neither the
@@ -257,7 +263,8 @@ const (
 	logPublish = NumDropReasons + iota
 	logSetup
 	logSnapshot
-	numLogKinds = iota
+	logReject   // logReject+Reject: one slot per reject reason
+	numLogKinds = iota + core.NumRejects - 1
 )
 
 // log writes the line for kind k unless one was written less than interval

@@ -75,6 +75,10 @@ type Result struct {
 	// ReducedDecisions counts decisions a PoP made while it enforced only
 	// its share of the limit because it heard no beacons from some region.
 	ReducedDecisions int64
+	// Rejected counts what the PoPs' receiver checks (replication/core
+	// check.go, with each PoP's rules as bounds) refused or clamped: honest
+	// traffic, which is all the simulator sends, must leave it 0.
+	Rejected int64
 	// Messages and Bytes are what replication put on the wire, counting each
 	// copy delivered (or lost) to each PoP.
 	Messages, Bytes int64

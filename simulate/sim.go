@@ -303,6 +303,7 @@ type run struct {
 	delivering *message          // the message being delivered, while its Ready is done
 	share      []float64         // per PoP: the global share it enforces
 	reduced    int64             // decisions made at a reduced share
+	rejected   int64             // what the cores' receiver checks refused or clamped
 
 	issuedAt  [][]int64 // per PoP: issue times of bits not yet published
 	bitDelays []int64   // issue → delivery at another PoP, per bit and PoP
@@ -574,6 +575,7 @@ func (r *run) startCores() error {
 			Region: r.top.regions[r.top.region[i]], POP: r.top.pops[i], Topology: t, Counts: r.stores[i],
 			FlushInterval: r.sc.FlushInterval, SnapshotInterval: r.sc.SnapshotInterval, HelloInterval: r.sc.HelloInterval,
 			BitsInterval: r.sc.BitsInterval, UnreachableAfter: r.sc.UnreachableAfter, PartitionShare: r.sc.PartitionShare,
+			Bounds: r.engines[i].ReplicaBounds(),
 			// The plain asynchronous baseline keeps each PoP on its own clock.
 			NoClockSync: r.strategy != Edgelimit,
 		}
@@ -660,6 +662,9 @@ func (r *run) ready(p int) {
 		if rd.Share != 0 {
 			r.engines[p].SetGlobalShare(rd.Share)
 			r.share[p] = rd.Share
+		}
+		for _, n := range rd.Rejected {
+			r.rejected += int64(n)
 		}
 		if rd.ClockChanged {
 			r.skew[p] = r.rawSkew[p] + rd.ClockOffset
@@ -905,6 +910,7 @@ func (r *run) result() Result {
 		Convergence:      quantiles(r.convergence),
 		Unconverged:      r.unconverged,
 		ReducedDecisions: r.reduced,
+		Rejected:         r.rejected,
 		Series:           o.series,
 		Overshoot:        o.hist,
 	}

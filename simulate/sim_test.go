@@ -112,6 +112,9 @@ func TestSprayOvershootBound(t *testing.T) {
 	if float64(el.WorstOvershoot) > bound {
 		t.Errorf("edgelimit worst overshoot %d exceeds the bound %.0f", el.WorstOvershoot, bound)
 	}
+	if el.Rejected != 0 {
+		t.Errorf("the receivers' checks rejected or clamped %d of honest PoPs' messages", el.Rejected)
+	}
 	if 4*el.WorstOvershoot > local.WorstOvershoot {
 		t.Errorf("edgelimit worst overshoot %d is not far below local-only's %d", el.WorstOvershoot, local.WorstOvershoot)
 	}
@@ -155,6 +158,9 @@ func TestPartitionOvershootBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, w := cut.Results[Edgelimit], whole.Results[Edgelimit]
+	if c.Rejected != 0 || w.Rejected != 0 {
+		t.Errorf("the receivers' checks rejected or clamped %d (cut) and %d (whole) of honest PoPs' messages", c.Rejected, w.Rejected)
+	}
 	if c.WorstOvershoot <= w.WorstOvershoot {
 		t.Errorf("the partition did not raise overshoot: %d with, %d without", c.WorstOvershoot, w.WorstOvershoot)
 	}
@@ -254,6 +260,9 @@ func TestMitigationDelayBound(t *testing.T) {
 	rep, out := table(t, sc)
 	t.Logf("\n%s", out)
 	d := rep.Results[Edgelimit].MitigationDelay
+	if n := rep.Results[Edgelimit].Rejected; n != 0 {
+		t.Errorf("the receivers' checks rejected or clamped %d of honest PoPs' counts and bits", n)
+	}
 	if d.N == 0 {
 		t.Fatal("no mitigation bit reached another PoP in burst-minute")
 	}

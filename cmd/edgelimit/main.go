@@ -21,6 +21,8 @@ Usage:
   edgelimit load [flags]   drive a PoP's check API with load and report req/s and latency
   edgelimit probe [--listen ADDR] [--path /healthz]
                            ask a PoP on this machine whether it is alive (exit 0 on 200)
+  edgelimit natsconf --topology T --keys DIR
+                           write one NATS nkey per PoP and the servers' permission blocks
   edgelimit baseline [--listen ADDR]
                            serve a trivial HTTP handler: the machine's ceiling for 'load'
   edgelimit help [command] show help
@@ -49,6 +51,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runLoad(rest, stdout)
 	case "probe":
 		err = runProbe(rest, stdout, stderr)
+	case "natsconf":
+		err = runNatsconf(rest, stdout, stderr)
 	case "baseline":
 		err = runBaseline(rest, stderr)
 	case "help", "-h", "--help":

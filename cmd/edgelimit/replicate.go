@@ -23,6 +23,11 @@ type replFlags struct {
 	natsUser, natsPass    string
 	natsCreds, natsNKey   string
 	natsCA                string
+	natsPassFile          string
+	natsCert, natsKey     string
+	natsHost              string
+	natsAuthorized        string
+	natsUsers             []replication.PoPKey // read from natsAuthorized
 	natsListen            int
 	leafListen            int
 	leafRemotes           listFlag
@@ -88,7 +93,7 @@ func (f *replFlags) validate() (replication.Topology, error) {
 			return t, fmt.Errorf("--nats-nkey: %w", err)
 		}
 	}
-	return t, nil
+	return t, f.validateAuth(t)
 }
 
 // replicator returns the node's Replicate hook: restore the store from
@@ -117,8 +122,8 @@ func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog
 		}
 		url := f.natsURL
 		if url == "" {
-			cfg := replication.ServerConfig{Name: f.pop, Dir: filepath.Join(dataDir, "nats"), Port: f.natsListen, Domain: f.region,
-				Logger: log.With("component", "nats")}
+			cfg := replication.ServerConfig{Name: f.pop, Dir: filepath.Join(dataDir, "nats"), Host: f.natsHost, Port: f.natsListen,
+				Domain: f.region, Users: f.natsUsers, Logger: log.With("component", "nats")}
 			if f.leafListen != 0 || len(f.leafRemotes.values) > 0 {
 				cfg.Leaf = &replication.LeafConfig{Port: f.leafListen}
 				for _, u := range f.leafRemotes.values { // one hub region's server per URL
@@ -139,7 +144,7 @@ func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog
 			log.Info("embedded NATS serving", "url", url, "domain", f.region)
 		}
 		nc, err := replication.Connect(replication.ConnConfig{URL: url, Name: "edgelimit " + f.pop,
-			User: f.natsUser, Password: f.natsPass, NKeySeedFile: f.natsNKey, CredsFile: f.natsCreds, CAFile: f.natsCA,
+			User: f.natsUser, Password: f.natsPass, NKeySeedFile: f.natsNKey, CredsFile: f.natsCreds, CAFile: f.natsCA, CertFile: f.natsCert, KeyFile: f.natsKey,
 			Logger: log.With("component", "nats-client")})
 		if err != nil {
 			closeAll()
@@ -151,7 +156,7 @@ func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog
 			FlushInterval: f.flush, BitsInterval: f.urgent, SnapshotInterval: f.snapshot, StartSeq: seq, OnApplied: counts.Applied,
 			UnreachableAfter: f.unreachableAfter, PartitionShare: f.partitionShare, SetGlobalShare: h.SetGlobalShare,
 			NoClockSync: !f.clockSync, MaxClockStep: f.maxClockStep, SetClockOffset: h.SetClockOffset,
-			Domains: domains(t), Logger: log.With("component", "replication"),
+			Domains: domains(t), Bounds: h.Bounds, Logger: log.With("component", "replication"),
 		})
 		if err != nil {
 			closeAll()
@@ -187,9 +192,11 @@ var (
 		{"edgelimit_mitigation_bits_published_total", "Mitigation bits JetStream acknowledged.", func(s replication.Stats) uint64 { return s.PublishedBits }},
 		{"edgelimit_mitigation_bits_applied_total", "Other PoPs' mitigation bits applied from batches.", func(s replication.Stats) uint64 { return s.AppliedBits }},
 	}
-	replDropped = prometheus.NewDesc("edgelimit_replication_dropped_messages_total", "Stream messages dropped as corrupt or unknown, by reason.", []string{"reason"}, nil)
-	replLag     = prometheus.NewDesc("edgelimit_replication_lag_seconds", "Replication lag of applied delta batches (sender's build to receiver's apply), by quantile.", []string{"quantile"}, nil)
-	bitLag      = prometheus.NewDesc("edgelimit_mitigation_propagation_seconds", "Mitigation bit propagation delay (issued at another PoP to applied here), by quantile.", []string{"quantile"}, nil)
+	replDropped  = prometheus.NewDesc("edgelimit_replication_dropped_messages_total", "Stream messages dropped as corrupt or unknown, by reason.", []string{"reason"}, nil)
+	replLag      = prometheus.NewDesc("edgelimit_replication_lag_seconds", "Replication lag of applied delta batches (sender's build to receiver's apply), by quantile.", []string{"quantile"}, nil)
+	bitLag       = prometheus.NewDesc("edgelimit_mitigation_propagation_seconds", "Mitigation bit propagation delay (issued at another PoP to applied here), by quantile.", []string{"quantile"}, nil)
+	replRejected = prometheus.NewDesc("edgelimit_replication_rejected_total",
+		"What the receiver refused or clamped as no PoP of the topology could have sent it, by reason: unknown_replica, sender_mismatch, count_bound, bit_end.", []string{"reason"}, nil)
 	replStalled = prometheus.NewDesc("edgelimit_replication_stalled_sources", "Other regions whose stream source is stalled.", nil, nil)
 	clockOff    = prometheus.NewDesc("edgelimit_clock_offset_seconds", "Correction of this PoP's wall clock to the median clock of the PoPs it hears (--clock-sync); far from 0 means its NTP, or most others', is wrong.", nil, nil)
 )
@@ -205,6 +212,9 @@ func (c replicationCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for i, n := range s.Dropped {
 		ch <- prometheus.MustNewConstMetric(replDropped, prometheus.CounterValue, float64(n), replication.DropReason(i).String())
+	}
+	for i, n := range s.Rejected {
+		ch <- prometheus.MustNewConstMetric(replRejected, prometheus.CounterValue, float64(n), replication.RejectReason(i).String())
 	}
 	ch <- prometheus.MustNewConstMetric(replLag, prometheus.GaugeValue, s.Lag.P50.Seconds(), "0.5")
 	ch <- prometheus.MustNewConstMetric(replLag, prometheus.GaugeValue, s.Lag.P99.Seconds(), "0.99")

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -23,9 +24,9 @@ import (
 // Passwords the lab's NATS servers and PoPs use, as an operator would make
 // them (letters and digits; see deploy/nats/hub-region.conf).
 const (
-	popPassword  = "labPop7Secret9"
-	leafPassword = "labLeaf3Secret8"
-	sysPassword  = "labSys5Secret2"
+	probePassword = "labProbe4Secret1"
+	leafPassword  = "labLeaf3Secret8"
+	sysPassword   = "labSys5Secret2"
 )
 
 // Domain and Key are the rate-limit domain and descriptor key of the lab's
@@ -203,8 +204,31 @@ func (l *lab) startRelays() error {
 // would (values from the environment; only the store directory and its size
 // replaced), the hub first, and waits until every leaf region reaches the
 // hub's JetStream domain and back.
+// keysDir is where natsKeys writes the PoPs' NATS credentials.
+func (l *lab) keysDir() string { return filepath.Join(l.cfg.Dir, "keys") }
+
+// natsKeys writes one NATS nkey per PoP and the servers' accounts with
+// edgelimit natsconf, as an operator does (deploy/nats/README.md), and adds
+// the user the lab probes JetStream domains with: the PoPs' own permissions
+// do not reach other domains' APIs. It returns the accounts file's text.
+func (l *lab) natsKeys() (string, error) {
+	if out, err := exec.Command(l.cfg.Edgelimit, "natsconf", "--topology", l.plan.Topology, "--keys", l.keysDir()).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("edgelimit natsconf: %v: %s", err, out)
+	}
+	path := filepath.Join(l.keysDir(), "edgelimit-accounts.conf")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	return Replace(path, string(b), "    users: [\n", "    users: [\n      { user: probe, password: "+probePassword+" }\n")
+}
+
 func (l *lab) startNATS(ctx context.Context) error {
 	hub := l.plan.Regions[0]
+	accounts, err := l.natsKeys()
+	if err != nil {
+		return err
+	}
 	for ri, r := range l.plan.Regions {
 		conf := "leaf-region.conf"
 		if ri == 0 {
@@ -217,7 +241,10 @@ func (l *lab) startNATS(ctx context.Context) error {
 		}
 		for k, s := range r.NATS {
 			dir := filepath.Join(l.cfg.Dir, s.Name)
-			if err := os.MkdirAll(dir, 0o755); err != nil {
+			if err := os.MkdirAll(filepath.Join(dir, "keys"), 0o755); err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(dir, "keys", "edgelimit-accounts.conf"), []byte(accounts), 0o644); err != nil {
 				return err
 			}
 			text, err := Replace(path, string(b),
@@ -226,8 +253,7 @@ func (l *lab) startNATS(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			env := []string{"NATS_SERVER_NAME=" + s.Name, "EDGELIMIT_REGION=" + r.Name,
-				"EDGELIMIT_NATS_PASSWORD=" + popPassword, "NATS_SYS_PASSWORD=" + sysPassword}
+			env := []string{"NATS_SERVER_NAME=" + s.Name, "EDGELIMIT_REGION=" + r.Name, "NATS_SYS_PASSWORD=" + sysPassword}
 			for i, o := range r.NATS {
 				env = append(env, fmt.Sprintf("NATS_ROUTE_%d=nats-route://%s:6222", i+1, o.IP))
 			}
@@ -287,7 +313,7 @@ func (l *lab) startNATS(ctx context.Context) error {
 // domainIs checks that JetStream domain want answers through server s
 // (via "" asks for s's own).
 func domainIs(s Host, via, want string) error {
-	got, err := JetStreamDomain(fmt.Sprintf("nats://%s:%d", s.IP, natsClientPort), "edgelimit", popPassword, via)
+	got, err := JetStreamDomain(fmt.Sprintf("nats://%s:%d", s.IP, natsClientPort), "probe", probePassword, via)
 	if err == nil && got != want {
 		err = fmt.Errorf("answered by domain %q, want %q", got, want)
 	}
@@ -383,7 +409,7 @@ func (l *lab) startPoPs(ctx context.Context) error {
 			args := []string{"pop", "--config", popYAML, "--rules", rulesPath,
 				"--data", filepath.Join(l.cfg.Dir, h.Name), "--store", "embedded",
 				"--region", r.Name, "--pop", h.Name, "--topology", l.plan.Topology,
-				"--nats", strings.Join(urls, ","), "--nats-user", "edgelimit",
+				"--nats", strings.Join(urls, ","), "--nats-nkey", filepath.Join(l.keysDir(), h.Name+".nk"),
 				"--flush-interval", sc.FlushInterval.String(), "--snapshot-interval", sc.SnapshotInterval.String(),
 				"--unreachable-after", sc.UnreachableAfter.String(),
 				"--partition-share", strconv.FormatFloat(sc.PartitionShare, 'g', -1, 64)}
@@ -425,7 +451,7 @@ func (l *lab) startPoPs(ctx context.Context) error {
 }
 
 func (l *lab) startPoP(h Host) error {
-	env := []string{"EDGELIMIT_NATS_PASSWORD=" + popPassword}
+	var env []string
 	if l.cfg.PoPEnv != nil {
 		env = append(env, l.cfg.PoPEnv(h.Name)...)
 	}

@@ -150,6 +150,9 @@ type ReplicaHooks struct {
 	// SetGlobalShare scales global limits while the region is cut off
 	// (pop.Engine.SetGlobalShare).
 	SetGlobalShare func(float64)
+	// Bounds is what other PoPs can honestly send, from the rules in force
+	// (pop.Engine.ReplicaBounds), for replication's receiver checks.
+	Bounds pop.ReplicaBounds
 	// SetClockOffset moves the clock the PoP decides on by the correction
 	// the PoPs agreed on (pop.Engine.SetClockOffset, and the store's).
 	SetClockOffset func(time.Duration)
@@ -265,7 +268,8 @@ func Run(ctx context.Context, cfg Config) error {
 				c.SetClockOffset(d)
 			}
 		}
-		run, err := cfg.Replicate(ctx, ReplicaHooks{Counts: counts, Bits: mit, Registerer: reg, SetGlobalShare: eng.SetGlobalShare, SetClockOffset: setClock})
+		run, err := cfg.Replicate(ctx, ReplicaHooks{Counts: counts, Bits: mit, Registerer: reg, SetGlobalShare: eng.SetGlobalShare, SetClockOffset: setClock,
+			Bounds: eng.ReplicaBounds()})
 		if err != nil {
 			return fmt.Errorf("replication: %w", err)
 		}

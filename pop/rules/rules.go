@@ -226,10 +226,46 @@ func keySuffix(key string) (n int, alg limit.Algorithm, unit Unit, mult uint32, 
 // "api_platform api_key=abc endpoint=POST /orders (minute sliding_window
 // global)". A key AppendKey did not build is rendered as a quoted string.
 func DescribeKey(key string) string {
-	var parts []string
+	var buf [maxKeyEntries]Entry
+	k, ok := ParseKey(key, buf[:0])
+	if !ok {
+		return strconv.Quote(key)
+	}
+	parts := []string{k.Domain}
+	for _, e := range k.Entries {
+		parts = append(parts, e.Key+"="+e.Value)
+	}
+	window := k.Unit.String()
+	if k.Multiplier > 1 {
+		window = strconv.FormatUint(uint64(k.Multiplier), 10) + "×" + window
+	}
+	return fmt.Sprintf("%s (%s %s %s)", strings.Join(parts, " "), window, k.Algorithm, k.Scope)
+}
+
+// maxKeyEntries is room for the entries of most keys without allocating.
+const maxKeyEntries = 16
+
+// Key is a store key built by AppendKey, read back by ParseKey.
+type Key struct {
+	Domain    string
+	Entries   []Entry
+	Algorithm limit.Algorithm
+	Unit      Unit
+	// Multiplier is the limit's unit_multiplier, 1 when it has none.
+	Multiplier uint32
+	Scope      Scope
+}
+
+// Window is the key's window: Multiplier units.
+func (k Key) Window() time.Duration { return k.Unit.Duration() * time.Duration(max(k.Multiplier, 1)) }
+
+// ParseKey reads a store key built by AppendKey, appending its entries to
+// entries (pass a buffer to avoid allocating); the strings alias key. It
+// returns false for a key AppendKey did not build.
+func ParseKey(key string, entries []Entry) (Key, bool) {
 	rest := key
 	next := func() (string, bool) {
-		n, w := binary.Uvarint([]byte(rest))
+		n, w := uvarint(rest)
 		if w <= 0 || uint64(len(rest)-w) < n {
 			return "", false
 		}
@@ -239,26 +275,23 @@ func DescribeKey(key string) string {
 	}
 	domain, ok := next()
 	if !ok {
-		return strconv.Quote(key)
+		return Key{}, false
 	}
-	parts = append(parts, domain)
+	k := Key{Domain: domain, Entries: entries}
 	for len(rest) > 0 && rest[0] != 0 { // a key is never empty: 0 starts the suffix
-		k, ok1 := next()
-		v, ok2 := next()
+		ek, ok1 := next()
+		ev, ok2 := next()
 		if !ok1 || !ok2 {
-			return strconv.Quote(key)
+			return Key{}, false
 		}
-		parts = append(parts, k+"="+v)
+		k.Entries = append(k.Entries, Entry{Key: ek, Value: ev})
 	}
 	n, alg, unit, mult, scope, ok := keySuffix(rest)
 	if !ok || n != len(rest) {
-		return strconv.Quote(key)
+		return Key{}, false
 	}
-	window := unit.String()
-	if mult > 1 {
-		window = strconv.FormatUint(uint64(mult), 10) + "×" + window
-	}
-	return fmt.Sprintf("%s (%s %s %s)", strings.Join(parts, " "), window, alg, scope)
+	k.Algorithm, k.Unit, k.Multiplier, k.Scope = alg, unit, mult, scope
+	return k, true
 }
 
 // KeyWindow returns the window length of a store key built by AppendKey,
@@ -276,6 +309,24 @@ func KeyWindow(key string) (time.Duration, bool) {
 func KeyScope(key string) (limit.Scope, bool) {
 	_, _, _, _, scope, ok := keySuffix(key)
 	return scope, ok
+}
+
+// uvarint is binary.Uvarint of a string, without copying it to bytes.
+func uvarint(s string) (uint64, int) {
+	var x uint64
+	var shift uint
+	for i := 0; i < len(s) && i < binary.MaxVarintLen64; i++ {
+		c := s[i]
+		if c < 0x80 {
+			if i == binary.MaxVarintLen64-1 && c > 1 {
+				return 0, -(i + 1) // overflow
+			}
+			return x | uint64(c)<<shift, i + 1
+		}
+		x |= uint64(c&0x7f) << shift
+		shift += 7
+	}
+	return 0, 0
 }
 
 func appendPart(dst []byte, s string) []byte {

@@ -76,6 +76,8 @@ type Config struct {
 	// enforces while others are cut off; 0 means reachable/total
 	// (region.Share).
 	PartitionShare float64
+	// Bounds, when set, bounds received counts and bits' ends (check.go).
+	Bounds Bounds
 	// NoClockSync turns the PoPs' clock agreement off (clock.go): the PoP
 	// then decides on its raw clock and Ready never moves it.
 	NoClockSync bool
@@ -149,6 +151,7 @@ type Core struct {
 	retry                          map[cellKey]uint64
 	ownBits, retryBits             crdt.Bits
 	heard                          map[string]uint64 // PoP -> its last beacon number
+	gapAt                          map[string]int64  // PoP -> until when its gap snapshots are spent (Core.missed)
 	reach                          *region.Reachability
 	unreachable                    []string
 	share                          float64
@@ -179,6 +182,7 @@ func New(cfg Config, now int64) (*Core, error) {
 		urgentDue:    never,
 		lastSnapshot: math.MinInt64 / 2,
 		heard:        make(map[string]uint64),
+		gapAt:        make(map[string]int64),
 		reach:        region.NewReachability(cfg.Topology, cfg.Region, now),
 		share:        1,
 		reviewed:     now,

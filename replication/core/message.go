@@ -100,6 +100,10 @@ type Ready struct {
 	UnreachableChanged bool
 	// DroppedBits counts the received bits not applied, by reason.
 	DroppedBits [region.NumBitDrops]int
+	// Rejected counts what Step refused or clamped, by reason (check.go);
+	// RejectedWhy describes one example of each, for a log line.
+	Rejected    [NumRejects]int
+	RejectedWhy [NumRejects]string
 	// ClockOffset, when ClockChanged, is the new correction of the PoP's
 	// clock: from now on the driver hands the core, and its store decides
 	// on, its raw clock plus ClockOffset (clock.go).
@@ -109,7 +113,8 @@ type Ready struct {
 
 func (rd *Ready) empty() bool {
 	return len(rd.Save) == 0 && !rd.SaveDue && len(rd.Messages) == 0 && len(rd.Apply) == 0 &&
-		rd.Share == 0 && !rd.UnreachableChanged && !rd.ClockChanged && rd.DroppedBits == [region.NumBitDrops]int{}
+		rd.Share == 0 && !rd.UnreachableChanged && !rd.ClockChanged && rd.DroppedBits == [region.NumBitDrops]int{} &&
+		rd.Rejected == [NumRejects]int{}
 }
 
 // Stats are the core's counters and gauges.

@@ -13,8 +13,17 @@ import (
 // (region.AcceptBit); a beacon updates reachability, and when its sender is
 // new or one of its beacons went missing (a link dropped, the sender
 // restarted) the next flush also publishes a snapshot.
+//
+// Step checks what it is given (check.go): a message from a replica outside
+// the topology, or naming another region than its own, is dropped; slots and
+// bits that are not the sender's own are dropped; counts and bits' ends past
+// Config.Bounds are clamped. Each is counted in Ready.Rejected.
 func (c *Core) Step(now int64, m Message) {
 	if m.POP == c.cfg.POP {
+		return
+	}
+	if !c.member(&m) {
+		c.reject(RejectReplica, &m, "not a PoP of region %q in the topology", m.Region)
 		return
 	}
 	switch m.Kind {
@@ -22,20 +31,21 @@ func (c *Core) Step(now int64, m Message) {
 		last, known := c.heard[m.POP]
 		c.heard[m.POP] = m.Seq
 		if !known || m.Seq != last+1 {
-			c.snapshotWanted = true
+			c.missed(now, m.POP, known)
 		}
 		c.reach.Heard(m.Region, now)
 		c.hearClock(now, m)
 		c.review(now)
 	case Delta:
-		if len(m.Slots) > 0 {
-			c.rd.Apply = append(c.rd.Apply, Apply{Kind: Delta, Region: m.Region, POP: m.POP, Sent: m.Sent, Slots: m.Slots})
+		if slots := c.checkSlots(&m); len(slots) > 0 {
+			c.rd.Apply = append(c.rd.Apply, Apply{Kind: Delta, Region: m.Region, POP: m.POP, Sent: m.Sent, Slots: slots})
 		}
 	case Snapshot, BitsBatch:
-		a := Apply{Kind: m.Kind, Region: m.Region, POP: m.POP, Sent: m.Sent, Slots: m.Slots}
-		if m.Kind == BitsBatch {
-			a.Slots = nil
+		a := Apply{Kind: m.Kind, Region: m.Region, POP: m.POP, Sent: m.Sent}
+		if m.Kind == Snapshot {
+			a.Slots = c.checkSlots(&m)
 		}
+		m.Bits, m.Issued = c.checkBits(now, &m)
 		a.Bits, a.Issued = c.filterBits(now, m)
 		if len(a.Slots) > 0 || len(a.Bits) > 0 {
 			c.rd.Apply = append(c.rd.Apply, a)
@@ -86,6 +96,26 @@ func (c *Core) review(now int64) {
 		c.share = share
 		c.rd.Share = share
 	}
+}
+
+// missed notes at now that pop is new or a beacon of it went missing: the
+// next flush publishes a snapshot. A new PoP always gets one; gaps of one PoP
+// get at most two at once and then one per SnapshotInterval (a GCRA, as
+// pop/limit's, on gapAt: the time the PoP's gap budget is spent until). So a
+// heal, or two, is repaired within a beacon interval, while a PoP whose
+// beacons keep skipping numbers (a flapping link, or a PoP forging them)
+// costs at most one extra snapshot per SnapshotInterval, not one per
+// HelloInterval; the periodic snapshot repairs what a skipped one would have.
+func (c *Core) missed(now int64, pop string, known bool) {
+	if known {
+		iv := int64(c.cfg.SnapshotInterval)
+		tat := max(c.gapAt[pop], now)
+		if tat-now > iv {
+			return
+		}
+		c.gapAt[pop] = tat + iv
+	}
+	c.snapshotWanted = true
 }
 
 // hearClock takes a beacon's timestamps (clock.go) and, when the estimate

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/nats-io/nkeys"
+
+	"github.com/edgelimit/edgelimit/replication"
+)
+
+// natsAuthFlags registers the flags of NATS credentials and TLS beyond the
+// basic ones in pop.go. Secrets come from files, never from argv.
+func (f *replFlags) natsAuthFlags(fs *flag.FlagSet) {
+	fs.StringVar(&f.natsPassFile, "nats-password-file", "", "`file` holding the NATS password (keeps it off the command line; --nats-password and\nEDGELIMIT_NATS_PASSWORD also work)")
+	fs.StringVar(&f.natsCA, "nats-tls-ca", "", "CA `file` to verify the NATS servers' certificates with (requires TLS); --nats-ca is the same")
+	fs.StringVar(&f.natsCert, "nats-tls-cert", "", "client certificate `file` to present to NATS servers that verify clients (with --nats-tls-key)")
+	fs.StringVar(&f.natsKey, "nats-tls-key", "", "private key `file` of --nats-tls-cert")
+	fs.StringVar(&f.natsHost, "nats-host", "127.0.0.1", "embedded NATS: the `host` its client port binds; beyond loopback it needs --nats-authorized-keys")
+	fs.StringVar(&f.natsAuthorized, "nats-authorized-keys", "", "embedded NATS: let in only the PoPs listed in this `file` (\"<pop> <public nkey>\" lines, written by\n'edgelimit natsconf'), each allowed to publish only its own subjects; this PoP connects with --nats-nkey")
+}
+
+// validateAuth checks the credential and TLS flags and reads the authorized
+// keys; it runs after validate.
+func (f *replFlags) validateAuth(t replication.Topology) error {
+	if f.natsPassFile != "" {
+		if f.natsPass != "" {
+			return errors.New("--nats-password-file and --nats-password (or EDGELIMIT_NATS_PASSWORD) both set; keep one")
+		}
+		b, err := os.ReadFile(f.natsPassFile)
+		if err != nil {
+			return fmt.Errorf("--nats-password-file: %w", err)
+		}
+		if f.natsPass = strings.TrimRight(string(b), "\r\n"); f.natsPass == "" {
+			return fmt.Errorf("--nats-password-file %s is empty", f.natsPassFile)
+		}
+	}
+	if (f.natsCert == "") != (f.natsKey == "") {
+		return errors.New("--nats-tls-cert and --nats-tls-key go together")
+	}
+	if f.natsURL != "" {
+		if f.natsAuthorized != "" {
+			return errors.New("--nats-authorized-keys configures the embedded NATS server; with --nats, the servers' own configuration lets PoPs in (deploy/nats)")
+		}
+		return nil
+	}
+	if f.natsAuthorized == "" {
+		return nil // StartServer refuses a --nats-host beyond loopback
+	}
+	keys, err := replication.ReadAuthorizedKeys(f.natsAuthorized, t)
+	if err != nil {
+		return fmt.Errorf("--nats-authorized-keys: %w", err)
+	}
+	if f.natsNKey == "" {
+		return errors.New("--nats-authorized-keys lets in only the PoPs' nkeys: give this PoP's seed with --nats-nkey")
+	}
+	seed, err := os.ReadFile(f.natsNKey)
+	if err != nil {
+		return fmt.Errorf("--nats-nkey: %w", err)
+	}
+	kp, err := nkeys.ParseDecoratedNKey(seed)
+	if err != nil {
+		return fmt.Errorf("--nats-nkey %s: %w", f.natsNKey, err)
+	}
+	pub, err := kp.PublicKey()
+	if err != nil {
+		return fmt.Errorf("--nats-nkey %s: %w", f.natsNKey, err)
+	}
+	for _, k := range keys {
+		if k.POP == f.pop {
+			if k.PublicKey != pub {
+				return fmt.Errorf("--nats-authorized-keys lists %s for PoP %s, but --nats-nkey's public key is %s", k.PublicKey, f.pop, pub)
+			}
+			f.natsUsers = keys
+			return nil
+		}
+	}
+	return fmt.Errorf("--nats-authorized-keys does not list this PoP (%s)", f.pop)
+}

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestNatsconf: natsconf writes a seed per PoP (mode 0600) and keeps them
+// on a second run; the PoP flags that use them refuse what cannot work, each
+// with an error naming the flag.
+func TestNatsconf(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "keys")
+	var out, errb bytes.Buffer
+	if code := run([]string{"natsconf", "--topology", "eu=eu-1,eu-2;us=us-1", "--keys", dir}, &out, &errb); code != 0 {
+		t.Fatalf("natsconf: exit %d: %s", code, errb.String())
+	}
+	seed, err := os.ReadFile(filepath.Join(dir, "eu-1.nk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := os.Stat(filepath.Join(dir, "eu-1.nk")); st.Mode().Perm() != 0o600 {
+		t.Errorf("seed mode %v, want 0600", st.Mode().Perm())
+	}
+	authorized, _ := os.ReadFile(filepath.Join(dir, "authorized_keys"))
+	conf, _ := os.ReadFile(filepath.Join(dir, "edgelimit-accounts.conf"))
+	if strings.Contains(string(conf), strings.TrimSpace(string(seed))) || strings.Contains(string(authorized), strings.TrimSpace(string(seed))) {
+		t.Fatal("a seed leaked into a generated file")
+	}
+	out.Reset()
+	if code := run([]string{"natsconf", "--topology", "eu=eu-1,eu-2;us=us-1", "--keys", dir}, &out, &errb); code != 0 || strings.Contains(out.String(), "new seed") {
+		t.Fatalf("second run: exit %d, made new seeds: %s", code, out.String())
+	}
+	if again, _ := os.ReadFile(filepath.Join(dir, "authorized_keys")); !bytes.Equal(again, authorized) {
+		t.Fatal("a second run changed the public keys")
+	}
+
+	rules := filepath.Join("..", "..", "deploy", "examples", "rules.yaml")
+	base := []string{"pop", "--region", "eu", "--pop", "eu-1", "--topology", "eu=eu-1,eu-2;us=us-1", "--rules", rules, "--data", t.TempDir()}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--nats-authorized-keys", filepath.Join(dir, "authorized_keys")}, "give this PoP's seed with --nats-nkey"},
+		{[]string{"--nats-authorized-keys", filepath.Join(dir, "authorized_keys"), "--nats-nkey", filepath.Join(dir, "eu-2.nk")}, "but --nats-nkey's public key is"},
+		{[]string{"--nats-authorized-keys", filepath.Join(dir, "eu-1.nk"), "--nats-nkey", filepath.Join(dir, "eu-1.nk")}, "--nats-authorized-keys"},
+		{[]string{"--nats", "nats://127.0.0.1:1", "--nats-authorized-keys", filepath.Join(dir, "authorized_keys")}, "configures the embedded NATS server"},
+		{[]string{"--nats-tls-cert", "c.pem"}, "--nats-tls-cert and --nats-tls-key go together"},
+		{[]string{"--nats-password-file", filepath.Join(dir, "missing")}, "--nats-password-file"},
+		{[]string{"--nats-host", "0.0.0.0"}, "refusing to serve NATS beyond loopback without credentials"},
+	} {
+		errb.Reset()
+		if code := run(append(append([]string{}, base...), c.args...), &out, &errb); code != 1 || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("%v: exit %d, stderr %q, want %q", c.args, code, errb.String(), c.want)
+		}
+	}
+}

@@ -1,0 +1,145 @@
+package replication
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
+)
+
+// Every PoP connects to NATS with its own credential, an nkey, whose subject
+// permissions let it publish only its own subjects (its deltas, snapshots,
+// bits and presence beacons) and the JetStream API requests of its region's
+// stream, and subscribe only to what a Replicator reads. A PoP's stolen or
+// misused credential so cannot speak for another PoP; what it can still send
+// on its own subjects, the receiver bounds (core.Bounds).
+//
+// Why nkeys rather than a user and password per PoP: the server's
+// configuration then holds only public keys, so the generated permission
+// blocks (edgelimit natsconf) can be reviewed, committed and shipped to every
+// NATS server without holding a secret, and the seed never leaves the PoP
+// (nats.go signs the server's nonce with it; no secret crosses the wire).
+// Decentralised JWT auth (operator, accounts, creds files) would do the same
+// with more moving parts; --nats-creds still works for it.
+
+// Permissions returns the subjects the credential of PoP pop of region may
+// publish to and subscribe to. It is the one definition of a PoP's NATS
+// permissions: the embedded server (ServerConfig.Users) and the generated
+// nats-server configuration (edgelimit natsconf) both use it.
+//
+// What it still allows, and why: creating and updating the region's own
+// stream (a PoP creates it on first start, StreamConfig), which also lets a
+// PoP's credential change that stream's configuration; the receiver's bounds
+// are the defence there. Operators who create the streams themselves can
+// drop $JS.API.STREAM.CREATE and .UPDATE from the generated blocks.
+func Permissions(region, pop string) (publish, subscribe []string) {
+	stream := StreamName(region)
+	publish = []string{
+		DeltaSubject(region, pop),
+		SnapshotSubject(region, pop),
+		BitsSubject(region, pop),
+		helloSubject(region, pop),
+		"$JS.API.INFO",
+		"$JS.API.STREAM.INFO." + stream,
+		"$JS.API.STREAM.CREATE." + stream,
+		"$JS.API.STREAM.UPDATE." + stream,
+		"$JS.API.CONSUMER.CREATE." + stream + ".>",
+		"$JS.API.CONSUMER.INFO." + stream + ".>",
+		"$JS.API.CONSUMER.DELETE." + stream + ".>",
+		"$JS.API.CONSUMER.MSG.NEXT." + stream + ".>",
+	}
+	subscribe = []string{
+		subjectRoot + "." + helloToken + ".*.*",
+		subjectRoot + ".*." + kindDelta + ".*",
+		subjectRoot + ".*." + kindSnapshot + ".*",
+		subjectRoot + ".*." + kindBits + ".*",
+		"_INBOX.>",
+	}
+	return publish, subscribe
+}
+
+// PoPKey is a PoP's NATS nkey: its public half, which a server lets log in
+// with the PoP's Permissions.
+type PoPKey struct {
+	Region, POP string
+	// PublicKey is the nkey's public user key ("U...").
+	PublicKey string
+}
+
+// ReadAuthorizedKeys reads an authorized-keys file as edgelimit natsconf
+// writes it: one "<pop> <public user nkey>" per line, '#' starts a comment.
+// Every PoP must be in t (which gives its region), at most once, with a valid
+// public user key.
+func ReadAuthorizedKeys(path string, t Topology) ([]PoPKey, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("replication: authorized keys: %w", err)
+	}
+	defer f.Close()
+	var out []PoPKey
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line, _, _ := strings.Cut(sc.Text(), "#")
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		if len(fields) != 2 {
+			return nil, fmt.Errorf("replication: %s:%d: want \"<pop> <public nkey>\", got %q", path, n, strings.TrimSpace(line))
+		}
+		pop, key := fields[0], fields[1]
+		region := t.RegionOf(pop)
+		if region == "" {
+			return nil, fmt.Errorf("replication: %s:%d: PoP %q is not in the topology", path, n, pop)
+		}
+		if seen[pop] {
+			return nil, fmt.Errorf("replication: %s:%d: PoP %q is listed twice", path, n, pop)
+		}
+		if !nkeys.IsValidPublicUserKey(key) {
+			return nil, fmt.Errorf("replication: %s:%d: %q is not a public user nkey (U...); give the public key, never the seed", path, n, key)
+		}
+		seen[pop] = true
+		out = append(out, PoPKey{Region: region, POP: pop, PublicKey: key})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("replication: %s: %w", path, err)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("replication: %s lists no PoP", path)
+	}
+	return out, nil
+}
+
+// nkeyUsers returns the server's users for keys, each with its PoP's
+// Permissions.
+func nkeyUsers(keys []PoPKey) []*server.NkeyUser {
+	out := make([]*server.NkeyUser, 0, len(keys))
+	for _, k := range keys {
+		pub, sub := Permissions(k.Region, k.POP)
+		out = append(out, &server.NkeyUser{Nkey: k.PublicKey, Permissions: &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: pub},
+			Subscribe: &server.SubjectPermission{Allow: sub},
+		}})
+	}
+	return out
+}
+
+// ErrOpenServer is returned by StartServer for a server that would listen
+// beyond loopback and let anyone in: give it ServerConfig.Users.
+var ErrOpenServer = errors.New("replication: refusing to serve NATS beyond loopback without credentials")
+
+// isLoopback says whether host (an IP or a name) only ever reaches this
+// machine. "localhost" is; "" and unspecified addresses (0.0.0.0, ::) are not.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

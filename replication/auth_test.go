@@ -1,0 +1,166 @@
+package replication_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"github.com/edgelimit/edgelimit/crdt/crdttest"
+	edgelimitpb "github.com/edgelimit/edgelimit/proto"
+	"github.com/edgelimit/edgelimit/replication"
+)
+
+// popSeed makes an nkey for pop, writes its seed to a file, and returns the
+// file and the public key.
+func popSeed(t testing.TB, dir, pop string) (string, string) {
+	t.Helper()
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := kp.Seed()
+	pub, _ := kp.PublicKey()
+	file := filepath.Join(dir, pop+".nk")
+	if err := os.WriteFile(file, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file, pub
+}
+
+// violations collects the asynchronous errors of a connection.
+type violations struct {
+	mu   sync.Mutex
+	errs []string
+}
+
+func (v *violations) handler(_ *nats.Conn, _ *nats.Subscription, err error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.errs = append(v.errs, err.Error())
+}
+
+func (v *violations) has(sub string) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, e := range v.errs {
+		if strings.Contains(e, sub) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestPerPoPCredentials: an embedded server with one nkey per PoP lets the
+// PoPs replicate as before — their Permissions cover everything a
+// Replicator does — while a PoP's credential publishing another PoP's delta
+// or a beacon of another region is refused by the server and nothing of it
+// reaches the other PoPs; a client without a credential is not let in.
+func TestPerPoPCredentials(t *testing.T) {
+	dir := t.TempDir()
+	topo := topology(map[string][]string{"eu": {"fra1", "par1", "ams1"}, "us": {"iad1"}})
+	seeds := map[string]string{}
+	var keys []replication.PoPKey
+	for _, p := range []string{"fra1", "par1", "ams1"} {
+		file, pub := popSeed(t, dir, p)
+		seeds[p] = file
+		keys = append(keys, replication.PoPKey{Region: "eu", POP: p, PublicKey: pub})
+	}
+	srv, err := replication.StartServer(replication.ServerConfig{Name: "eu", Dir: dir, Port: -1, Domain: "eu", Users: keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+
+	if nc, err := nats.Connect(srv.ClientURL()); err == nil {
+		nc.Close()
+		t.Fatal("a client without a credential was let in")
+	} else if !errors.Is(err, nats.ErrAuthorization) {
+		t.Fatalf("a client without a credential: %v, want an authorization violation", err)
+	}
+
+	start := func(p string) *pop {
+		nc, err := replication.Connect(replication.ConnConfig{URL: srv.ClientURL(), Name: p, NKeySeedFile: seeds[p], Logger: testLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		counts := newMemCounts(p)
+		rep, stop := runReplicator(t, replication.Config{Region: "eu", POP: p, Topology: topo, Conn: nc, Counts: counts,
+			Domains: map[string]string{"eu": "eu"}, Logger: testLogger(t)})
+		return &pop{name: p, region: "eu", counts: counts, rep: rep, stop: stop}
+	}
+	fra, par := start("fra1"), start("par1")
+	var o crdttest.Oracle
+	addRandom(newRand(t), []*pop{fra, par}, 10, 100, &o)
+	converge(t, 5*time.Second, &o, fra, par)
+
+	// ams1's credential forges par1's delta and a beacon of region us.
+	var v violations
+	forger, err := nats.Connect(srv.ClientURL(), nats.ErrorHandler(v.handler), mustNkey(t, seeds["ams1"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer forger.Close()
+	forged := &edgelimitpb.DeltaBatch{Replica: "par1", Region: "eu", Seq: 1, SentUnixNano: time.Now().UnixNano()}
+	forged.Add([]byte("forged"), w0, 1<<40)
+	for subject, data := range map[string][]byte{
+		replication.DeltaSubject("eu", "par1"): marshal(t, forged),
+		"edgelimit._hello.us.iad1":             {1},
+	} {
+		if err := forger.Publish(subject, data); err != nil {
+			t.Fatal(err)
+		}
+		if err := forger.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := waitFor(2*time.Second, func() error {
+			if !v.has("Permissions Violation for Publish to \"" + subject + "\"") {
+				return errors.New("no permissions violation yet")
+			}
+			return nil
+		}); err != nil {
+			t.Errorf("publishing on %s as ams1: %v (errors %v)", subject, err, v.errs)
+		}
+	}
+	// Its own subject it may use, and fra1 gets that.
+	own := &edgelimitpb.DeltaBatch{Replica: "ams1", Region: "eu", Seq: 1, SentUnixNano: time.Now().UnixNano()}
+	own.Add([]byte("barrier"), w0, 3)
+	publishRaw(t, forger, replication.DeltaSubject("eu", "ams1"), marshal(t, own))
+	if _, err := waitFor(3*time.Second, func() error {
+		if n := fra.counts.State().Total("barrier", w0, nil); n != 3 {
+			return errors.New("ams1's own delta not applied yet")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n := fra.counts.State().Total("forged", w0, nil); n != 0 {
+		t.Errorf("fra1 applied the forged count: %d", n)
+	}
+}
+
+func mustNkey(t testing.TB, seedFile string) nats.Option {
+	t.Helper()
+	o, err := nats.NkeyOptionFromSeed(seedFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// TestOpenServerRefused: an embedded server beyond loopback without
+// credentials does not start.
+func TestOpenServerRefused(t *testing.T) {
+	_, err := replication.StartServer(replication.ServerConfig{Name: "x", Dir: t.TempDir(), Host: "0.0.0.0", Port: -1})
+	if !errors.Is(err, replication.ErrOpenServer) {
+		t.Fatalf("StartServer on 0.0.0.0 without users: %v, want ErrOpenServer", err)
+	}
+	t.Log(err)
+}
