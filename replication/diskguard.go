@@ -63,10 +63,10 @@ type diskGuard struct {
 	fullSince atomic.Int64 // unix ns when the disk was found full; 0 while not
 	hitENOSPC atomic.Bool  // Pebble met ENOSPC since the last look
 
-	mu        sync.Mutex
-	reason    string    // why the disk counts as full; requires mu
-	nextLook  time.Time // when a full disk is looked at again; requires mu
-	backoff   time.Duration
+	mu       sync.Mutex
+	reason   string    // why the disk counts as full; requires mu
+	nextLook time.Time // when a full disk is looked at again; requires mu
+	backoff  time.Duration
 }
 
 func newDiskGuard(fs vfs.FS, dir string, opts *DBOptions) *diskGuard {
@@ -248,6 +248,16 @@ func (d *DB) writable() error {
 // reason, or nil when it writes. It does not look at the disk: a write does.
 func (d *DB) DiskFull() error { return d.guard.full() }
 
+// Damaged returns ErrCorrupt naming the first damaged file Pebble reported
+// since OpenDB (a table that fails its checksum when read or compacted), or
+// nil. The PoP goes on deciding from memory; its next start refuses.
+func (d *DB) Damaged() error {
+	if p := d.damaged.Load(); p != nil {
+		return fmt.Errorf("%w: %s. %s", ErrCorrupt, *p, recoveryHint(d.dir))
+	}
+	return nil
+}
+
 // commitSave commits b, one save, with the save count raised by one, then
 // writes the save marker. Requires wmu held and mu held for reading.
 func (d *DB) commitSave(b *pebble.Batch) error {
@@ -308,8 +318,15 @@ func (d *DB) checkMarker(saves uint64) error {
 		return fmt.Errorf("%w: save marker %s is damaged (%x). %s", ErrCorrupt, name, buf[:n], recoveryHint(d.dir))
 	}
 	if saves < marked {
-		return fmt.Errorf("%w: the write-ahead log of %s lost saves it had on disk: Pebble recovered %d saves, the marker %s records %d "+
-			"(a damaged WAL whose tail Pebble took for a torn write). %s", ErrCorrupt, d.dir, saves, name, marked, recoveryHint(d.dir))
+		var wals []string
+		ls, _ := d.guard.fs.List(d.dir)
+		for _, n := range ls {
+			if strings.HasSuffix(n, ".log") {
+				wals = append(wals, d.guard.fs.PathJoin(d.dir, n))
+			}
+		}
+		return fmt.Errorf("%w: damaged write-ahead log (%s): it lost saves it had on disk: Pebble recovered %d saves, the marker %s records %d "+
+			"(Pebble took the damage for a write torn by a crash). %s", ErrCorrupt, strings.Join(wals, ", "), saves, name, marked, recoveryHint(d.dir))
 	}
 	return nil
 }
@@ -324,8 +341,8 @@ func recoveryHint(dir string) string {
 // openError explains a failed pebble.Open: a damaged WAL, table or MANIFEST
 // is ErrCorrupt with the file Pebble names and the way out.
 func openError(dir string, err error) error {
-	if errors.Is(err, pebble.ErrCorruption) || isManifestError(err) {
-		return fmt.Errorf("replication: pebble: open %s: %w: %v. %s", dir, ErrCorrupt, err, recoveryHint(dir))
+	if pebble.IsCorruptionError(err) || isManifestError(err) {
+		return fmt.Errorf("replication: pebble: open %s: %w: %s. %s", dir, ErrCorrupt, firstLine(err), recoveryHint(dir))
 	}
 	return fmt.Errorf("replication: pebble: open %s: %w", dir, err)
 }
@@ -345,8 +362,14 @@ func isManifestError(err error) bool {
 // readError marks a damaged table met while reading dir as ErrCorrupt, with
 // the way out.
 func readError(dir string, err error) error {
-	if errors.Is(err, pebble.ErrCorruption) {
-		return fmt.Errorf("%w: %w. %s", ErrCorrupt, err, recoveryHint(dir))
+	if pebble.IsCorruptionError(err) {
+		return fmt.Errorf("%w: %s. %s", ErrCorrupt, firstLine(err), recoveryHint(dir))
 	}
 	return err
+}
+
+// firstLine is err's message without the detail lines Pebble's errors carry.
+func firstLine(err error) string {
+	s, _, _ := strings.Cut(err.Error(), "\n")
+	return s
 }

@@ -143,6 +143,7 @@ type DB struct {
 	lastLoadNanos  atomic.Int64
 	lastLoadSlots  atomic.Int64
 	markerErrors   atomic.Uint64
+	damaged        atomic.Pointer[string] // the first damaged file Pebble reported
 }
 
 // DBStats is a snapshot of a DB's size and recent timings, for metrics.
@@ -241,6 +242,17 @@ func (d *DB) open(readOnly bool) (*pebble.DB, error) {
 		Logger:             d.opts.Logger,
 		FormatMajorVersion: pebble.FormatNewest,
 		ReadOnly:           readOnly,
+		EventListener: &pebble.EventListener{
+			// Pebble's default exits the process; the read that found the
+			// damage returns it too, and the DB reports it (Damaged).
+			DataCorruption: func(info pebble.DataCorruptionInfo) {
+				path := info.Path
+				d.damaged.CompareAndSwap(nil, &path)
+				if d.opts.Logger != nil {
+					d.opts.Logger.Errorf("damaged file %s: %v", info.Path, info.Details)
+				}
+			},
+		},
 	}
 	pdb, err := pebble.Open(d.dir, po)
 	if err != nil {
@@ -252,7 +264,10 @@ func (d *DB) open(readOnly bool) (*pebble.DB, error) {
 	}
 	if err != nil {
 		_ = pdb.Close() // the metadata error is the one to report
-		return nil, fmt.Errorf("replication: pebble: open %s: %w", d.dir, err)
+		if p := d.damaged.Load(); p != nil {
+			err = fmt.Errorf("damaged file %s: %w", *p, err)
+		}
+		return nil, fmt.Errorf("replication: pebble: open %s: %w", d.dir, readError(d.dir, err))
 	}
 	d.saves = saves
 	return pdb, nil

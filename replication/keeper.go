@@ -148,6 +148,9 @@ func (k *Keeper) Ready() error {
 	if err := k.cfg.DB.DiskFull(); err != nil {
 		return err
 	}
+	if err := k.cfg.DB.Damaged(); err != nil {
+		return err
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.err

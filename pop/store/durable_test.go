@@ -16,7 +16,9 @@ func TestTakeStatesRestoreAfterRestart(t *testing.T) {
 	now := limittest.T0.UnixNano()
 	algs := []limit.Algorithm{limit.SlidingWindow, limit.FixedWindow, limit.TokenBucket, limit.GCRA, limit.SlidingLog}
 	before := NewMemory(MemoryConfig{Durable: true})
-	spec := func(a limit.Algorithm) limit.Spec { return limit.Spec{Algorithm: a, Limit: 10, Window: int64(time.Hour)} }
+	spec := func(a limit.Algorithm) limit.Spec {
+		return limit.Spec{Algorithm: a, Limit: 10, Window: int64(time.Hour)}
+	}
 	check := func(s *Memory, a limit.Algorithm, key string, at int64) limit.Decision {
 		out := make([]limit.Decision, 1)
 		if err := s.CheckAt(context.Background(), at, 1, []limit.Item{{Key: []byte(key), Spec: spec(a)}}, out); err != nil {
