@@ -76,6 +76,7 @@ func NewKeeper(cfg KeeperConfig) *Keeper {
 // until ctx ends, then saves once more (a clean stop loses nothing). It
 // returns nil.
 func (k *Keeper) Run(ctx context.Context) error {
+	k.note(k.Ready(), time.Now()) // a disk full at start is logged at start
 	save := time.NewTicker(k.cfg.Interval)
 	defer save.Stop()
 	drop := time.NewTicker(k.cfg.DropInterval)

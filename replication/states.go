@@ -23,9 +23,18 @@ type StateRecord struct {
 // counts across PoPs are not here: SaveFlush saves their slots. It fails,
 // writing nothing, with ErrDiskFull while the disk is full, and with an
 // error naming the record when a value is shorter than its expiry.
+//
+// With nothing to save it writes nothing, but while the disk counts as full
+// it still looks (with backoff) whether space came back, so that an idle PoP
+// recovers too.
 func (d *DB) SaveStates(changed []StateRecord, gone []string) error {
 	if len(changed) == 0 && len(gone) == 0 {
-		return nil
+		if d.guard.full() == nil {
+			return nil
+		}
+		d.wmu.Lock()
+		defer d.wmu.Unlock()
+		return d.writable()
 	}
 	start := time.Now()
 	d.wmu.Lock()
