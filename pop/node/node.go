@@ -461,6 +461,10 @@ func registerFallback(reg prometheus.Registerer, fb *store.Fallback) {
 			func(s store.FallbackStats) uint64 { return s.FailClosedDenials }),
 		counter("edgelimit_store_breaker_opens_total", "Times the circuit breaker in front of Redis opened.",
 			func(s store.FallbackStats) uint64 { return s.BreakerOpens }),
+		counter("edgelimit_store_reconciled_hits_total", "Hits given back to Redis because this server knew of more than Redis reported: admitted while Redis was away, or lost when it restarted empty.",
+			func(s store.FallbackStats) uint64 { return s.ReconciledHits }),
+		counter("edgelimit_store_reconcile_denials_total", "Checks Redis allowed that this server's own counts denied (Redis had lost counts).",
+			func(s store.FallbackStats) uint64 { return s.ReconcileDenials }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "edgelimit_store_breaker_state",
 			Help: "The circuit breaker in front of Redis: 0 closed (Redis decides), 1 open (the embedded store decides), 2 half-open (probing).",
