@@ -214,3 +214,42 @@ func TestPoPRefusesDamagedData(t *testing.T) {
 		})
 	}
 }
+
+// A replicated PoP whose state directory was moved aside (the documented
+// way out of a damaged one) gets back, from its region's stream, the counts
+// it published before: it does not start lower than it was under its name.
+// Before, it counted a global limit from zero again and admitted it twice.
+func TestPoPStateMovedAsideRecoversFromStream(t *testing.T) {
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "rules.yaml")
+	os.WriteFile(rules, []byte(durableRules), 0o644)
+	addr := freeAddr(t)
+	data := filepath.Join(dir, "data")
+	natsPort := strings.Split(freeAddr(t), ":")[1]
+	args := []string{"--listen", addr, "--rules", rules, "--data", data, "--region", "eu", "--pop", "a", "--nats-port", natsPort, "--log-level", "warn"}
+	p := startPoP(t, bin, args...)
+	admitted := 0
+	for range 3 {
+		if checkKey(t, addr, "global") == 200 {
+			admitted++
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // saved and published
+	p.Process.Kill()
+	p.Wait()
+	state := filepath.Join(data, "state")
+	if err := os.Rename(state, state+".damaged"); err != nil {
+		t.Fatal(err)
+	}
+	startPoP(t, bin, args...)
+	time.Sleep(time.Second) // the stream replays
+	for range 5 {
+		if checkKey(t, addr, "global") == 200 {
+			admitted++
+		}
+	}
+	if admitted != 5 {
+		t.Fatalf("admitted %d of a global limit of 5 across a restart without the state directory", admitted)
+	}
+}
