@@ -355,7 +355,13 @@ func (d *DB) Replica() string { return d.replica }
 // must save those slots again with a later flush: Local.Delta already
 // cleared them from its changed set.
 func (d *DB) SaveFlush(own, remote []crdt.Slot, streamSeq uint64) error {
-	start := time.Now()
+	return d.write(func(pdb *pebble.DB) error { return d.saveFlush(pdb, own, remote, streamSeq) })
+}
+
+// write runs f, one write, with the Pebble store: writes go one at a time
+// (wmu), only while the disk is writable (ErrDiskFull otherwise), and never
+// after Close (ErrDBClosed).
+func (d *DB) write(f func(pdb *pebble.DB) error) error {
 	d.wmu.Lock()
 	defer d.wmu.Unlock()
 	if err := d.writable(); err != nil {
@@ -366,6 +372,12 @@ func (d *DB) SaveFlush(own, remote []crdt.Slot, streamSeq uint64) error {
 	if d.pdb == nil {
 		return ErrDBClosed
 	}
+	return f(d.pdb)
+}
+
+// saveFlush is SaveFlush's work; requires write's locks.
+func (d *DB) saveFlush(pdb *pebble.DB, own, remote []crdt.Slot, streamSeq uint64) error {
+	start := time.Now()
 	size := 32
 	for _, s := range own {
 		if s.Replica != d.replica {
@@ -381,7 +393,7 @@ func (d *DB) SaveFlush(own, remote []crdt.Slot, streamSeq uint64) error {
 		size += 24 + len(s.Key) + len(s.Replica)
 	}
 
-	b := d.pdb.NewBatchWithSize(size)
+	b := pdb.NewBatchWithSize(size)
 	defer b.Close()
 	var (
 		key   []byte
@@ -543,25 +555,15 @@ func (d *DB) load(it *pebble.Iterator) (own, remote []crdt.Slot, streamSeq uint6
 // the number of slots. It does not stop a later SaveFlush from writing such a
 // window again; the next DropBefore deletes it with the rest.
 func (d *DB) DropBefore(window int64) error {
-	d.wmu.Lock()
-	defer d.wmu.Unlock()
-	if err := d.writable(); err != nil {
-		return err
-	}
-	return d.dropBefore(window)
+	return d.write(func(pdb *pebble.DB) error { return dropBefore(pdb, window) })
 }
 
-// dropBefore is DropBefore; requires wmu held and the disk writable.
-func (d *DB) dropBefore(window int64) error {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	if d.pdb == nil {
-		return ErrDBClosed
-	}
+// dropBefore is DropBefore's work; requires write's locks.
+func dropBefore(pdb *pebble.DB, window int64) error {
 	if window == math.MinInt64 {
 		return nil // no window starts before it
 	}
-	b := d.pdb.NewBatch()
+	b := pdb.NewBatch()
 	defer b.Close()
 	for _, tag := range []byte{tagOwn, tagRemote} {
 		start := []byte{tag}

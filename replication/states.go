@@ -37,17 +37,12 @@ func (d *DB) SaveStates(changed []StateRecord, gone []string) error {
 		defer d.wmu.Unlock()
 		return d.writable()
 	}
+	return d.write(func(pdb *pebble.DB) error { return d.saveStates(pdb, changed, gone) })
+}
+
+// saveStates is SaveStates' work; requires write's locks.
+func (d *DB) saveStates(pdb *pebble.DB, changed []StateRecord, gone []string) error {
 	start := time.Now()
-	d.wmu.Lock()
-	defer d.wmu.Unlock()
-	if err := d.writable(); err != nil {
-		return err
-	}
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	if d.pdb == nil {
-		return ErrDBClosed
-	}
 	size := 32
 	for _, r := range changed {
 		if len(r.Value) < 8 {
@@ -58,7 +53,7 @@ func (d *DB) SaveStates(changed []StateRecord, gone []string) error {
 	for _, k := range gone {
 		size += 8 + len(k)
 	}
-	b := d.pdb.NewBatchWithSize(size)
+	b := pdb.NewBatchWithSize(size)
 	defer b.Close()
 	var key []byte
 	for _, k := range gone {
@@ -133,22 +128,14 @@ func (d *DB) LoadStates(now int64, restore func(key string, value []byte) error)
 
 // deleteKeys deletes keys in one batch, unless the disk is full.
 func (d *DB) deleteKeys(keys [][]byte) {
-	d.wmu.Lock()
-	defer d.wmu.Unlock()
-	if d.writable() != nil {
-		return
-	}
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	if d.pdb == nil {
-		return
-	}
-	b := d.pdb.NewBatch()
-	defer b.Close()
-	for _, k := range keys {
-		_ = b.Delete(k, nil)
-	}
-	_ = b.Commit(pebble.NoSync) // a deletion lost in a crash is redone by the next load
+	_ = d.write(func(pdb *pebble.DB) error {
+		b := pdb.NewBatch()
+		defer b.Close()
+		for _, k := range keys {
+			_ = b.Delete(k, nil)
+		}
+		return b.Commit(pebble.NoSync) // a deletion lost in a crash is redone by the next load
+	})
 }
 
 // DropExpired deletes every own and remote slot whose window has passed for
@@ -159,79 +146,70 @@ func (d *DB) deleteKeys(keys [][]byte) {
 // length; keys it cannot tell are kept. It returns how many slots it
 // deleted. It scans the slots still held, so call it every minute or so,
 // not every flush.
-func (d *DB) DropExpired(now int64, length func(key string) (time.Duration, bool)) (int, error) {
-	d.wmu.Lock()
-	defer d.wmu.Unlock()
-	if err := d.writable(); err != nil {
-		return 0, err
-	}
-	d.mu.RLock()
-	if d.pdb == nil {
-		d.mu.RUnlock()
-		return 0, ErrDBClosed
-	}
-	var (
-		dead    [][]byte
-		longest time.Duration
-		scanErr error
-	)
-	for _, tag := range []byte{tagOwn, tagRemote} {
-		it, err := d.pdb.NewIter(&pebble.IterOptions{LowerBound: []byte{tag}, UpperBound: appendWindow([]byte{tag}, now)})
-		if err != nil {
-			scanErr = err
-			break
-		}
-		for valid := it.First(); valid; valid = it.Next() {
-			k := it.Key()
-			if len(k) < 9 {
-				continue
+func (d *DB) DropExpired(now int64, length func(key string) (time.Duration, bool)) (dropped int, err error) {
+	err = d.write(func(pdb *pebble.DB) error {
+		var (
+			dead    [][]byte
+			longest time.Duration
+		)
+		for _, tag := range []byte{tagOwn, tagRemote} {
+			it, err := pdb.NewIter(&pebble.IterOptions{LowerBound: []byte{tag}, UpperBound: appendWindow([]byte{tag}, now)})
+			if err != nil {
+				return err
 			}
-			key := k[9:]
-			if tag == tagRemote {
-				if len(k) < 10 || len(k) < 10+int(k[9]) {
+			for valid := it.First(); valid; valid = it.Next() {
+				k := it.Key()
+				key, ok := slotKey(k)
+				if !ok {
 					continue
 				}
-				key = k[10+int(k[9]):]
+				l, ok := length(string(key))
+				if !ok {
+					continue
+				}
+				longest = max(longest, l)
+				if decodeWindow(k[1:9])+2*int64(l) <= now {
+					dead = append(dead, append([]byte(nil), k...))
+				}
 			}
-			l, ok := length(string(key))
-			if !ok {
-				continue
-			}
-			longest = max(longest, l)
-			if decodeWindow(k[1:9])+2*int64(l) <= now {
-				dead = append(dead, append([]byte(nil), k...))
+			if err := it.Close(); err != nil {
+				return fmt.Errorf("drop expired windows of %s: %w", d.dir, readError(d.dir, err))
 			}
 		}
-		if err := it.Close(); err != nil && scanErr == nil {
-			scanErr = err
+		if longest > 0 {
+			if err := dropBefore(pdb, now-2*int64(longest)); err != nil {
+				return err
+			}
 		}
-	}
-	d.mu.RUnlock()
-	if scanErr != nil {
-		return 0, fmt.Errorf("replication: pebble: drop expired windows of %s: %w", d.dir, readError(d.dir, scanErr))
-	}
-	if longest > 0 {
-		if err := d.dropBefore(now - 2*int64(longest)); err != nil {
-			return 0, err
+		if len(dead) == 0 {
+			return nil
 		}
+		b := pdb.NewBatch()
+		defer b.Close()
+		for _, k := range dead {
+			_ = b.Delete(k, nil)
+		}
+		if err := b.Commit(pebble.Sync); err != nil {
+			return fmt.Errorf("replication: pebble: drop %d expired slots: %w", len(dead), err)
+		}
+		dropped = len(dead)
+		return nil
+	})
+	return dropped, err
+}
+
+// slotKey returns the limit key of an own or remote count key, and false for
+// one too short to hold it.
+func slotKey(k []byte) ([]byte, bool) {
+	switch {
+	case len(k) < 9:
+		return nil, false
+	case k[0] == tagOwn:
+		return k[9:], true
+	case len(k) < 10 || len(k) < 10+int(k[9]):
+		return nil, false
 	}
-	if len(dead) == 0 {
-		return 0, nil
-	}
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	if d.pdb == nil {
-		return 0, ErrDBClosed
-	}
-	b := d.pdb.NewBatch()
-	defer b.Close()
-	for _, k := range dead {
-		_ = b.Delete(k, nil)
-	}
-	if err := b.Commit(pebble.Sync); err != nil {
-		return 0, fmt.Errorf("replication: pebble: drop %d expired slots: %w", len(dead), err)
-	}
-	return len(dead), nil
+	return k[10+int(k[9]):], true
 }
 
 // Compact compacts the whole DB, so that deleted windows leave the disk now

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -60,7 +61,8 @@ type durableNode struct {
 func newDurableNode(t testing.TB, dir string, fs vfs.FS) *durableNode {
 	t.Helper()
 	mem := store.NewMemory(store.MemoryConfig{Durable: true, Replica: "a", RegionPeers: []string{"b"}, MaxKeys: 4 << 20})
-	db, err := replication.OpenDB(dir, "a", &replication.DBOptions{FS: fs, MinFreeBytes: -1, BallastBytes: -1})
+	db, err := replication.OpenDB(dir, "a", &replication.DBOptions{FS: fs, MinFreeBytes: -1, BallastBytes: -1,
+		Logger: replication.PebbleLogger(slog.New(slog.DiscardHandler))})
 	if err != nil {
 		t.Fatal(err)
 	}
