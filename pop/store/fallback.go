@@ -118,8 +118,11 @@ type Fallback struct {
 	fallbackDecisions atomic.Uint64
 	failClosedDenials atomic.Uint64
 	opens             atomic.Uint64
-	reconciled        atomic.Uint64 // hits added to the primary from the secondary's knowledge
-	reconcileDenials  atomic.Uint64 // checks the primary allowed and the secondary's knowledge denied
+	reconciled        atomic.Uint64  // hits added to the primary from the secondary's knowledge
+	reconcileDenials  atomic.Uint64  // checks the primary allowed and the secondary's knowledge denied
+	seeding           sync.Map       // keys whose seed is in flight (reconcile.go)
+	inFlight          atomic.Int32   // seeds in flight
+	seeds             sync.WaitGroup // seeds in flight, for tests
 }
 
 // NewFallback returns a Fallback over primary and secondary, closed.
@@ -199,7 +202,7 @@ func (f *Fallback) CheckAt(ctx context.Context, now, hits int64, items []limit.I
 			f.primaryDecisions.Add(1)
 			f.succeeded(probe)
 			if r, ok := f.secondary.(reconciler); ok && hits > 0 {
-				f.reconcile(ctx, r, now, hits, items, out)
+				f.reconcile(r, now, hits, items, out)
 			}
 			return nil
 		case errors.Is(err, ErrInvalidCheck):

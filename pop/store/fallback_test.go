@@ -109,6 +109,7 @@ func TestFallbackBreaker(t *testing.T) {
 	}
 	wantState := func(want BreakerState, primaryCalls int64) {
 		t.Helper()
+		f.seeds.Wait() // reconcile's seeds run in the background
 		if got := f.BreakerState(); got != want {
 			t.Fatalf("breaker %v, want %v", got, want)
 		}
@@ -150,6 +151,7 @@ func TestFallbackBreaker(t *testing.T) {
 	check()
 	wantState(BreakerClosed, 12)
 
+	f.seeds.Wait()
 	st := f.Stats()
 	want := FallbackStats{PrimaryDecisions: 4, PrimaryErrors: 6, FallbackDecisions: 17, BreakerOpens: 1, State: BreakerClosed, ReconciledHits: 17}
 	if st != want {

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"time"
 
 	"github.com/edgelimit/edgelimit/pop/limit"
 )
@@ -84,7 +85,7 @@ func roomOf(sp *limit.Spec, st *limit.State, now int64) int64 {
 // an item whose primary reported more room than the secondary knows of, adds
 // the difference to the primary and decides on the secondary's knowledge.
 // Requires the primary to have answered the check (hits >= 1).
-func (f *Fallback) reconcile(ctx context.Context, r reconciler, now, hits int64, items []limit.Item, out []limit.Decision) {
+func (f *Fallback) reconcile(r reconciler, now, hits int64, items []limit.Item, out []limit.Decision) {
 	admitted := limit.Admit(items, out)
 	deny := false
 	for i := range items {
@@ -100,10 +101,7 @@ func (f *Fallback) reconcile(ctx context.Context, r reconciler, now, hits int64,
 				target = max(local-hits, 0)
 			}
 			if missing := out[i].Remaining - target; missing > 0 {
-				var d [1]limit.Decision
-				if err := f.primary.CheckAt(ctx, now, missing, items[i:i+1], d[:]); err == nil && d[0].Allowed {
-					f.reconciled.Add(uint64(missing))
-				}
+				f.seed(now, it, missing)
 			}
 			if local < hits && !it.Shadow {
 				deny = true
@@ -121,4 +119,41 @@ func (f *Fallback) reconcile(ctx context.Context, r reconciler, now, hits int64,
 			}
 		}
 	}
+}
+
+// maxSeeds bounds the seeds in flight; past it a seed is skipped, and the
+// key's next check, which finds the primary still short, tries again.
+const maxSeeds = 64
+
+// seedTimeout bounds one seed.
+const seedTimeout = time.Second
+
+// seed adds missing hits of it to the primary, in the background: the check
+// that found them missing does not wait for another round trip. One seed per
+// key at a time, so that checks of the key while it is in flight do not add
+// the same hits twice.
+func (f *Fallback) seed(now int64, it *limit.Item, missing int64) {
+	key := string(it.Key)
+	if _, busy := f.seeding.LoadOrStore(key, struct{}{}); busy {
+		return
+	}
+	if f.inFlight.Add(1) > maxSeeds {
+		f.inFlight.Add(-1)
+		f.seeding.Delete(key)
+		return
+	}
+	one := *it
+	one.Key = []byte(key)
+	f.seeds.Add(1)
+	go func() {
+		defer f.seeds.Done()
+		defer f.inFlight.Add(-1)
+		defer f.seeding.Delete(key)
+		ctx, cancel := context.WithTimeout(context.Background(), seedTimeout)
+		defer cancel()
+		var d [1]limit.Decision
+		if err := f.primary.CheckAt(ctx, now, missing, []limit.Item{one}, d[:]); err == nil && d[0].Allowed {
+			f.reconciled.Add(uint64(missing))
+		}
+	}()
 }

@@ -47,6 +47,7 @@ func TestFallbackReconcilesWithRedis(t *testing.T) {
 			}
 			// Redis itself was given the count back: a server without local
 			// knowledge (a fresh embedded store) is denied too.
+			f.seeds.Wait() // the seeds run in the background
 			other := NewFallback(rs, NewMemory(MemoryConfig{}), FallbackConfig{})
 			if err := other.CheckAt(context.Background(), time.Now().UnixNano(), 1, items, out); err != nil || out[0].Allowed {
 				t.Fatalf("another server was allowed after the reconcile (%v): Redis was not given the count back", err)
