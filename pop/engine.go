@@ -196,8 +196,18 @@ type Engine struct {
 	metrics *Metrics
 	mit     *Mitigations  // nil: no mitigation bits
 	share   atomic.Uint64 // math.Float64bits of the global share; 0 bits = 1.0
+	clock   atomic.Int64  // correction of the wall clock, ns (SetClockOffset)
 	scratch sync.Pool
 }
+
+// SetClockOffset makes Check decide at the wall clock plus d: the correction
+// replication agrees on with the other PoPs, so that every PoP starts a
+// window at the same instant (replication/core/clock.go).
+func (e *Engine) SetClockOffset(d time.Duration) { e.clock.Store(int64(d)) }
+
+// Now returns the time Check decides at: the wall clock plus the offset set
+// by SetClockOffset.
+func (e *Engine) Now() time.Time { return time.Now().Add(time.Duration(e.clock.Load())) }
 
 // SetGlobalShare scales every global-scope limit by share (0 < share ≤ 1):
 // while this PoP's region is cut off from others, it enforces only its part
@@ -269,7 +279,7 @@ type scratch struct {
 
 // Check decides req at the wall-clock time. See CheckAt.
 func (e *Engine) Check(ctx context.Context, req *Request, res *Result) error {
-	return e.CheckAt(ctx, time.Now(), req, res)
+	return e.CheckAt(ctx, e.Now(), req, res)
 }
 
 // CheckAt decides req at now and writes the outcome to res. It returns a

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParse(t *testing.T) {
@@ -52,5 +53,25 @@ func TestShare(t *testing.T) {
 	// The default shares of the sides of any partition sum to one limit.
 	if sum := Share(1, 4, 0) + Share(3, 4, 0); sum != 1 {
 		t.Fatalf("sides sum to %v", sum)
+	}
+}
+
+// TestReachabilityShift: after the clock it reads moves forward by 2 s, a
+// region heard 1.5 s before is still 1.5 s old, not 3.5 s: a clock correction
+// alone does not cut a region off.
+func TestReachabilityShift(t *testing.T) {
+	const s = int64(time.Second)
+	topo := Topology{Regions: map[string][]string{"eu": {"fra1"}, "us": {"iad1"}}}
+	r := NewReachability(topo, "eu", 0)
+	r.Heard("us", 10*s)
+	if got := r.Unreachable(13*s+s/2, 3*s); len(got) != 1 {
+		t.Fatalf("us heard 3.5 s ago is reachable within 3 s: %v", got)
+	}
+	r.Shift(2 * s)
+	if got := r.Unreachable(13*s+s/2, 3*s); len(got) != 0 {
+		t.Fatalf("after a shift of 2 s, us heard 1.5 s ago counts as cut off: %v", got)
+	}
+	if got := r.Unreachable(15*s+s/2, 3*s); len(got) != 1 {
+		t.Fatalf("us heard 3.5 s ago (shifted) is still reachable: %v", got)
 	}
 }

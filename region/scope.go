@@ -107,6 +107,15 @@ func NewReachability(t Topology, self string, now int64) *Reachability {
 	return r
 }
 
+// Shift moves every instant held by d: the clock they were read on moved by
+// d (a clock correction), and they must stay the same instants on it.
+func (r *Reachability) Shift(d int64) {
+	r.since += d
+	for k, t := range r.heard {
+		r.heard[k] = t + d
+	}
+}
+
 // Regions returns how many regions the topology has, self included.
 func (r *Reachability) Regions() int { return len(r.others) + 1 }
 

@@ -101,6 +101,20 @@ type Config struct {
 	// global limits: pop.Engine.SetGlobalShare). It runs on the
 	// Replicator's loop and must return quickly.
 	SetGlobalShare func(share float64)
+	// NoClockSync keeps the PoP on its own wall clock: it does not agree on
+	// a clock with the other PoPs (core.Config.NoClockSync).
+	NoClockSync bool
+	// MaxClockStep bounds the clock correction; default
+	// core.DefaultMaxClockStep.
+	MaxClockStep time.Duration
+	// SetClockOffset, when set, is called with the correction of the wall
+	// clock the PoPs agreed on whenever it moves (the PoP then decides at
+	// the wall clock plus it: pop.Engine.SetClockOffset). It runs on the
+	// Replicator's loop and must return quickly.
+	SetClockOffset func(time.Duration)
+	// Now is the wall clock, unix ns; nil means time.Now. Tests inject a
+	// skewed one.
+	Now func() int64
 
 	// Logger receives the Replicator's logs; nil means slog.Default().
 	Logger *slog.Logger
@@ -158,11 +172,15 @@ func New(cfg Config) (*Replicator, error) {
 		Region: cfg.Region, POP: cfg.POP, Topology: cfg.Topology, Counts: cfg.Counts,
 		FlushInterval: cfg.FlushInterval, SnapshotInterval: cfg.SnapshotInterval, HelloInterval: cfg.HelloInterval,
 		BitsInterval: cfg.BitsInterval, UnreachableAfter: cfg.UnreachableAfter, PartitionShare: cfg.PartitionShare,
+		NoClockSync: cfg.NoClockSync, MaxClockStep: cfg.MaxClockStep,
 	}
 	if cfg.Bits != nil {
 		ccfg.Bits = cfg.Bits
 	}
-	c, err := core.New(ccfg, time.Now().UnixNano())
+	if cfg.Now == nil {
+		cfg.Now = func() int64 { return time.Now().UnixNano() }
+	}
+	c, err := core.New(ccfg, cfg.Now())
 	if err != nil {
 		return nil, fmt.Errorf("replication: %w", err)
 	}

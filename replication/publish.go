@@ -2,7 +2,6 @@ package replication
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -61,7 +60,7 @@ func (r *Replicator) do(ctx context.Context) {
 		switch {
 		case m.Kind == core.Hello:
 			// A core publish only fills the connection's buffer; it never waits.
-			_ = r.cfg.Conn.Publish(helloSubject(r.cfg.Region, r.cfg.POP), binary.AppendUvarint(nil, m.Seq))
+			_ = r.cfg.Conn.Publish(helloSubject(r.cfg.Region, r.cfg.POP), core.AppendBeacon(nil, m))
 		case !publish && (m.Kind == core.Delta || m.Kind == core.Snapshot):
 			failed = append(failed, m)
 		default:
@@ -70,6 +69,9 @@ func (r *Replicator) do(ctx context.Context) {
 		}
 	}
 	r.apply(rd)
+	if rd.ClockChanged {
+		r.moveClock(rd.ClockOffset)
+	}
 	if rd.Share != 0 {
 		r.log.Warn("global limits rescaled: regions unreachable", "unreachable", rd.Unreachable, "share", rd.Share)
 		if r.cfg.SetGlobalShare != nil {
@@ -123,7 +125,7 @@ func (r *Replicator) apply(rd core.Ready) {
 		if a.Kind == core.Snapshot {
 			r.appliedSnapBits.Add(uint64(len(a.Bits)))
 		}
-		applied := time.Now()
+		applied := time.Unix(0, r.now())
 		for _, t := range a.Issued {
 			if t > 0 {
 				r.bitLag.Record(applied.Sub(time.Unix(0, t)))
@@ -402,3 +404,20 @@ func (a *ackWaiter) wait(fut jetstream.PubAckFuture) error {
 		return a.wait(fut)
 	}
 }
+
+// moveClock takes the correction the core agreed on with the other PoPs,
+// and hands it to the PoP. A correction past clockWarn means this PoP's
+// wall clock, or most others', is wrong: the operator should fix NTP.
+func (r *Replicator) moveClock(offset int64) {
+	old := r.clock.Swap(offset)
+	if d, step := time.Duration(offset), time.Duration(offset-old); (d > clockWarn || d < -clockWarn) && (step > clockWarn/5 || step < -clockWarn/5) {
+		r.log.Warn("wall clock disagrees with the other PoPs; deciding on their median clock (check NTP)",
+			"correction", d, "previous", time.Duration(old))
+	}
+	if r.cfg.SetClockOffset != nil {
+		r.cfg.SetClockOffset(time.Duration(offset))
+	}
+}
+
+// clockWarn is the correction past which moveClock logs a warning.
+const clockWarn = 50 * time.Millisecond

@@ -1,7 +1,6 @@
 package replication
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -37,11 +36,13 @@ func (r *Replicator) post(in inbound) {
 // batches, and that PoP this one's.
 func (r *Replicator) onHello(m *nats.Msg) {
 	tok := strings.Split(m.Subject, ".")
-	seq, n := binary.Uvarint(m.Data)
-	if len(tok) != 4 || tok[3] == r.cfg.POP || n <= 0 {
+	seq, sent, echo, ok, _ := core.ParseBeacon(m.Data)
+	if len(tok) != 4 || tok[3] == r.cfg.POP || !ok {
 		return
 	}
-	r.post(inbound{msg: core.Message{Kind: core.Hello, Region: tok[2], POP: tok[3], Seq: seq}})
+	// A beacon whose clock part does not parse still says its sender is
+	// there; ParseBeacon then returns no timestamps.
+	r.post(inbound{msg: core.Message{Kind: core.Hello, Region: tok[2], POP: tok[3], Seq: seq, Sent: sent, Echo: echo}})
 }
 
 // onDirectDelta takes a delta batch of another region straight off its

@@ -98,6 +98,9 @@ type Replicator struct {
 
 	mu   sync.Mutex // guards core; held only around core calls, never over IO
 	core *core.Core
+	// clock is the correction of the wall clock the core last agreed on, ns:
+	// every time handed to the core is the wall clock plus it.
+	clock atomic.Int64
 
 	// Owned by the loop.
 	seq     uint64 // the next Nats-Msg-Id number; see "Seq"
@@ -200,7 +203,7 @@ func (r *Replicator) loop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			final, cancel := context.WithTimeout(context.Background(), r.cfg.AckTimeout)
-			r.with(func(c *core.Core) { c.Flush(time.Now().UnixNano()) })
+			r.with(func(c *core.Core) { c.Flush(r.now()) })
 			r.do(final)
 			for r.pending > 0 {
 				select {
@@ -213,11 +216,11 @@ func (r *Replicator) loop(ctx context.Context) {
 			cancel()
 			return
 		case <-timer.C:
-			r.with(func(c *core.Core) { c.Tick(time.Now().UnixNano()) })
+			r.with(func(c *core.Core) { c.Tick(r.now()) })
 			r.do(ctx)
 		case in := <-r.in:
 			if !in.skip {
-				r.with(func(c *core.Core) { c.Step(time.Now().UnixNano(), in.msg) })
+				r.with(func(c *core.Core) { c.Step(r.now(), in.msg) })
 				r.do(ctx)
 				r.count(in)
 			}
@@ -228,10 +231,10 @@ func (r *Replicator) loop(ctx context.Context) {
 				}
 			}
 		case <-issued:
-			r.with(func(c *core.Core) { c.BitsIssued(time.Now().UnixNano()) })
+			r.with(func(c *core.Core) { c.BitsIssued(r.now()) })
 			r.do(ctx)
 		case <-urgent:
-			r.with(func(c *core.Core) { c.Urgent(time.Now().UnixNano()) })
+			r.with(func(c *core.Core) { c.Urgent(r.now()) })
 			r.do(ctx)
 		case g := <-r.acks:
 			r.acked(g)
@@ -245,9 +248,12 @@ func (r *Replicator) loop(ctx context.Context) {
 			default:
 			}
 		}
-		timer.Reset(time.Until(time.Unix(0, next)))
+		timer.Reset(time.Duration(next - r.now())) // next is on the PoP's clock, not the wall clock
 	}
 }
+
+// now is the PoP's clock: the wall clock plus the agreed correction.
+func (r *Replicator) now() int64 { return r.cfg.Now() + r.clock.Load() }
 
 // with runs f on the core under mu.
 func (r *Replicator) with(f func(*core.Core)) {
@@ -274,6 +280,7 @@ func (r *Replicator) Ready() <-chan struct{} { return r.ready }
 // Stats returns a copy of the Replicator's counters.
 func (r *Replicator) Stats() Stats {
 	s := Stats{
+		ClockOffset:            time.Duration(r.clock.Load()),
 		PublishedBatches:       r.published.Load(),
 		PublishedSlots:         r.publishedSlots.Load(),
 		PublishedBytes:         r.publishedBytes.Load(),

@@ -107,6 +107,9 @@ type Stats struct {
 	// StalledSources is how many other regions' stream sources were stalled
 	// at the last check.
 	StalledSources int
+	// ClockOffset is the correction of the wall clock the PoPs agreed on
+	// (core's clock.go): the PoP decides at the wall clock plus this.
+	ClockOffset time.Duration
 	// SkippedOwn counts this PoP's own messages read back from the stream.
 	SkippedOwn uint64
 	// Dropped counts dropped stream messages by reason.

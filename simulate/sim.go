@@ -85,8 +85,6 @@ const (
 	// convergeStep is how often, after a partition heals, a run checks
 	// whether every PoP holds every other PoP's counts from before the heal.
 	convergeStep = int64(5 * time.Millisecond)
-	// beaconSize is the bytes of a presence beacon: a uvarint sequence number.
-	beaconSize = 9
 	// prefetchAhead is how many requests ahead a run starts fetching the
 	// oracle's state of a request's key.
 	prefetchAhead = 4
@@ -288,7 +286,8 @@ type run struct {
 	mits       []*pop.Mitigations // per PoP, Edgelimit only
 	replicated bool               // Edgelimit or AsyncSync: counts cross the network
 	oracle     *oracle
-	skew       []int64 // per PoP clock offset
+	skew       []int64 // per PoP clock offset from true time: its raw skew plus its core's correction
+	rawSkew    []int64 // per PoP raw clock offset, from the scenario
 
 	req pop.Request
 	res pop.Result
@@ -414,6 +413,7 @@ func runStrategy(sc *Scenario, top *topology, arrivals *reader, keys []string, t
 		names:      keyNames{named: keys[:named]},
 		oracle:     newOracle(spec.Window, spec.Limit, len(keys), tk, step, int64(sc.Duration)),
 		skew:       make([]int64, n),
+		rawSkew:    make([]int64, n),
 		window:     spec.Window,
 		duration:   int64(sc.Duration),
 		replicated: st == Edgelimit || st == AsyncSync,
@@ -421,6 +421,7 @@ func runStrategy(sc *Scenario, top *topology, arrivals *reader, keys []string, t
 	}
 	for i, p := range top.pops {
 		r.skew[i] = int64(sc.ClockSkew[p])
+		r.rawSkew[i] = r.skew[i]
 		r.maxSkew = max(r.maxSkew, r.skew[i])
 	}
 	r.req = pop.Request{Domain: simDomain, Descriptors: []pop.Descriptor{{Entries: []rules.Entry{{Key: simKey}}}}}
@@ -573,6 +574,8 @@ func (r *run) startCores() error {
 			Region: r.top.regions[r.top.region[i]], POP: r.top.pops[i], Topology: t, Counts: r.stores[i],
 			FlushInterval: r.sc.FlushInterval, SnapshotInterval: r.sc.SnapshotInterval, HelloInterval: r.sc.HelloInterval,
 			BitsInterval: r.sc.BitsInterval, UnreachableAfter: r.sc.UnreachableAfter, PartitionShare: r.sc.PartitionShare,
+			// The plain asynchronous baseline keeps each PoP on its own clock.
+			NoClockSync: r.strategy != Edgelimit,
 		}
 		if r.mits != nil {
 			cfg.Bits = r.mits[i]
@@ -596,7 +599,7 @@ func (r *run) startCores() error {
 }
 
 // clock is PoP p's wall clock now, in unix ns: the virtual time on the
-// Epoch, plus its skew.
+// Epoch, plus its skew and its core's correction.
 func (r *run) clock(p int) int64 { return Epoch.UnixNano() + r.q.now + r.skew[p] }
 
 // reschedule makes sure an evTick fires for PoP p at its core's next
@@ -657,6 +660,9 @@ func (r *run) ready(p int) {
 		if rd.Share != 0 {
 			r.engines[p].SetGlobalShare(rd.Share)
 			r.share[p] = rd.Share
+		}
+		if rd.ClockChanged {
+			r.skew[p] = r.rawSkew[p] + rd.ClockOffset
 		}
 		c.Advance(rd)
 	}
@@ -761,13 +767,14 @@ func (r *run) publish(p int, m core.Message) {
 	a := r.top.region[p]
 	if m.Kind == core.Hello {
 		msg := &message{from: p, m: m}
+		size := int64(len(core.AppendBeacon(nil, m)))
 		for j := range r.top.pops {
 			if j == p {
 				continue
 			}
 			b := r.top.region[j]
 			r.messages++
-			r.bytes += beaconSize
+			r.bytes += size
 			if r.top.healAt(a, b, r.q.now) > r.q.now || (r.sc.Loss > 0 && r.q.rand.Float64() < r.sc.Loss) {
 				continue
 			}

@@ -78,6 +78,8 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&repl.snapshot, "snapshot-interval", 5*time.Second, "how often the PoP republishes all it counts (anti-entropy); raise it with hundreds of thousands of keys")
 	fs.DurationVar(&repl.unreachableAfter, "unreachable-after", 3*time.Second, "how long without a presence beacon from a region before it counts as cut off and global limits shrink to --partition-share (a few beacon intervals of 500ms)")
 	fs.BoolVar(&cfg.Extrapolate, "extrapolate", true, "count, in a region or global limit, the hits other PoPs have probably admitted since their last message (their recent rate × its age); false decides on what was heard only")
+	fs.BoolVar(&repl.clockSync, "clock-sync", true, "agree on a clock with the other PoPs (the median of theirs, measured from the presence beacons) and decide on it, so every PoP starts a window at the same instant; false keeps the wall clock")
+	fs.DurationVar(&repl.maxClockStep, "max-clock-step", 2*time.Second, "with --clock-sync, the largest correction of the wall clock; offsets past it are ignored")
 	fs.Float64Var(&repl.partitionShare, "partition-share", 0, "share of a global limit each reachable region enforces while others are cut off (0: reachable regions / all regions)")
 	fs.StringVar(&repl.natsURL, "nats", "", "NATS `URL` of the region's servers; empty runs an embedded NATS server with JetStream under --data")
 	fs.StringVar(&repl.natsUser, "nats-user", "", "NATS user name")

@@ -30,6 +30,8 @@ type replFlags struct {
 	urgent                time.Duration
 	snapshot              time.Duration
 	partitionShare        float64
+	clockSync             bool
+	maxClockStep          time.Duration
 	unreachableAfter      time.Duration
 }
 
@@ -74,6 +76,9 @@ func (f *replFlags) validate() (replication.Topology, error) {
 	}
 	if f.unreachableAfter <= 0 {
 		return t, fmt.Errorf("--unreachable-after must be > 0, got %v", f.unreachableAfter)
+	}
+	if f.maxClockStep <= 0 {
+		return t, fmt.Errorf("--max-clock-step must be > 0, got %v", f.maxClockStep)
 	}
 	if f.partitionShare < 0 || f.partitionShare > 1 {
 		return t, fmt.Errorf("--partition-share must be between 0 and 1, got %v", f.partitionShare)
@@ -145,6 +150,7 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			Region: f.region, POP: f.pop, Topology: t, Conn: nc, Counts: counts, Bits: bits,
 			FlushInterval: f.flush, BitsInterval: f.urgent, SnapshotInterval: f.snapshot, StartSeq: seq, OnApplied: counts.Applied,
 			UnreachableAfter: f.unreachableAfter, PartitionShare: f.partitionShare, SetGlobalShare: h.SetGlobalShare,
+			NoClockSync: !f.clockSync, MaxClockStep: f.maxClockStep, SetClockOffset: h.SetClockOffset,
 			Domains: domains(t), Logger: log.With("component", "replication"),
 		})
 		if err != nil {
@@ -185,6 +191,7 @@ var (
 	replLag     = prometheus.NewDesc("edgelimit_replication_lag_seconds", "Replication lag of applied delta batches (sender's build to receiver's apply), by quantile.", []string{"quantile"}, nil)
 	bitLag      = prometheus.NewDesc("edgelimit_mitigation_propagation_seconds", "Mitigation bit propagation delay (issued at another PoP to applied here), by quantile.", []string{"quantile"}, nil)
 	replStalled = prometheus.NewDesc("edgelimit_replication_stalled_sources", "Other regions whose stream source is stalled.", nil, nil)
+	clockOff    = prometheus.NewDesc("edgelimit_clock_offset_seconds", "Correction of this PoP's wall clock to the median clock of the PoPs it hears (--clock-sync); far from 0 means its NTP, or most others', is wrong.", nil, nil)
 )
 
 func (c replicationCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -202,6 +209,7 @@ func (c replicationCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(replLag, prometheus.GaugeValue, s.Lag.P50.Seconds(), "0.5")
 	ch <- prometheus.MustNewConstMetric(replLag, prometheus.GaugeValue, s.Lag.P99.Seconds(), "0.99")
 	ch <- prometheus.MustNewConstMetric(replStalled, prometheus.GaugeValue, float64(s.StalledSources))
+	ch <- prometheus.MustNewConstMetric(clockOff, prometheus.GaugeValue, s.ClockOffset.Seconds())
 	ch <- prometheus.MustNewConstMetric(bitLag, prometheus.GaugeValue, s.BitLag.P50.Seconds(), "0.5")
 	ch <- prometheus.MustNewConstMetric(bitLag, prometheus.GaugeValue, s.BitLag.P99.Seconds(), "0.99")
 }

@@ -144,6 +144,9 @@ type ReplicaHooks struct {
 	// SetGlobalShare scales global limits while the region is cut off
 	// (pop.Engine.SetGlobalShare).
 	SetGlobalShare func(float64)
+	// SetClockOffset moves the clock the PoP decides on by the correction
+	// the PoPs agreed on (pop.Engine.SetClockOffset, and the store's).
+	SetClockOffset func(time.Duration)
 }
 
 // DurableHooks is what the node hands to Config.Durable.
@@ -271,7 +274,13 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	replErr := make(chan error, 1)
 	if cfg.Replicate != nil {
-		run, err := cfg.Replicate(ctx, ReplicaHooks{Counts: counts, Bits: mit, Registerer: reg, SetGlobalShare: eng.SetGlobalShare})
+		setClock := func(d time.Duration) {
+			eng.SetClockOffset(d)
+			if c, ok := counts.(interface{ SetClockOffset(time.Duration) }); ok {
+				c.SetClockOffset(d)
+			}
+		}
+		run, err := cfg.Replicate(ctx, ReplicaHooks{Counts: counts, Bits: mit, Registerer: reg, SetGlobalShare: eng.SetGlobalShare, SetClockOffset: setClock})
 		if err != nil {
 			return fmt.Errorf("replication: %w", err)
 		}

@@ -80,6 +80,8 @@ type Memory struct {
 	durable  bool
 	changes  [shardCount]changeLog // see durable.go; changes[i] requires shards[i].mu
 
+	clock atomic.Int64 // correction of the wall clock for Apply, ns
+
 	evictedIdle atomic.Uint64
 	evictedLive atomic.Uint64
 	untracked   atomic.Uint64

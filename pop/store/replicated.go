@@ -471,8 +471,12 @@ func (s *Memory) Restore(own []crdt.Slot) {
 // keys whose window cannot be told (not built by rules.AppendKey), are
 // ignored.
 func (s *Memory) Apply(sent int64, remote []crdt.Slot) {
-	s.ApplyAt(time.Now().UnixNano(), sent, remote)
+	s.ApplyAt(time.Now().UnixNano()+s.clock.Load(), sent, remote)
 }
+
+// SetClockOffset makes Apply take the wall clock plus d as the time of
+// applying: the clock the engine decides on (pop.Engine.SetClockOffset).
+func (s *Memory) SetClockOffset(d time.Duration) { s.clock.Store(int64(d)) }
 
 // ApplyAt is Apply at now (unix ns): the stamp and the time of applying tell
 // how old each sender's news is (see MemoryConfig.Extrapolate).

@@ -19,6 +19,7 @@ const (
 	DefaultHelloInterval    = 500 * time.Millisecond
 	DefaultBitsInterval     = 10 * time.Millisecond
 	DefaultUnreachableAfter = 3 * time.Second
+	DefaultMaxClockStep     = 2 * time.Second
 )
 
 // maxRetrySlots caps the retry set; past it a snapshot replaces it.
@@ -75,6 +76,12 @@ type Config struct {
 	// enforces while others are cut off; 0 means reachable/total
 	// (region.Share).
 	PartitionShare float64
+	// NoClockSync turns the PoPs' clock agreement off (clock.go): the PoP
+	// then decides on its raw clock and Ready never moves it.
+	NoClockSync bool
+	// MaxClockStep bounds the clock correction: a PoP never moves its clock
+	// further than this from its raw clock, and ignores offsets past it.
+	MaxClockStep time.Duration
 }
 
 // ErrConfig is wrapped by New's errors.
@@ -104,6 +111,7 @@ func (c *Config) validate() error {
 		{&c.HelloInterval, DefaultHelloInterval},
 		{&c.BitsInterval, DefaultBitsInterval},
 		{&c.UnreachableAfter, DefaultUnreachableAfter},
+		{&c.MaxClockStep, DefaultMaxClockStep},
 	} {
 		if *d.v < 0 {
 			return fmt.Errorf("%w: negative duration %v", ErrConfig, *d.v)
@@ -148,6 +156,7 @@ type Core struct {
 	rd                             Ready
 	outstanding                    bool
 	retryOverflows                 uint64
+	clk                            clockSync
 }
 
 // New validates cfg, fills in its defaults and returns a Core started at now
@@ -174,6 +183,7 @@ func New(cfg Config, now int64) (*Core, error) {
 		share:        1,
 		reviewed:     now,
 	}
+	c.clk = newClockSync(&c.cfg)
 	return c, nil
 }
 
@@ -190,10 +200,16 @@ func after(next, now int64, iv time.Duration) int64 {
 }
 
 // Tick tells the core the time is now (unix ns); it does what is due.
+//
+// Every now the core is given is the PoP's clock: its raw clock plus the
+// correction of the last Ready that moved it (Ready.ClockOffset), the clock
+// the PoP's store decides on. The core takes the correction back out for the
+// beacons' timestamps.
 func (c *Core) Tick(now int64) {
 	if now >= c.nextHello {
 		c.helloSeq++
-		c.send(Message{Kind: Hello, Seq: c.helloSeq, Sent: now})
+		raw := now - c.clk.offset
+		c.send(Message{Kind: Hello, Seq: c.helloSeq, Sent: raw, Echo: c.clk.echoes(raw, 4*int64(c.cfg.HelloInterval))})
 		c.nextHello = after(c.nextHello, now, c.cfg.HelloInterval)
 	}
 	if now >= c.nextSnap {

@@ -48,13 +48,17 @@ type Message struct {
 	// never reuse a number (see the Replicator).
 	Seq uint64
 	// Sent is the sender's unix ns when it built the message (the delta's
-	// send time, the snapshot's, the bits' issue stamp); 0 when unknown.
+	// send time, the snapshot's, the bits' issue stamp); 0 when unknown. On
+	// a Hello it is the sender's RAW clock, without its correction.
 	Sent  int64
 	Slots []crdt.Slot
 	Bits  []crdt.Bit
 	// Issued, on a received bits batch, is each bit's issue time when the
 	// sender gave one per bit; nil means Sent for all.
 	Issued []int64
+	// Echo, on a Hello, tells the PoPs whose beacons the sender heard when
+	// their last beacon left and arrived (clock.go).
+	Echo []Echo
 }
 
 // Apply is remote state for the driver to apply, from one received message.
@@ -96,11 +100,16 @@ type Ready struct {
 	UnreachableChanged bool
 	// DroppedBits counts the received bits not applied, by reason.
 	DroppedBits [region.NumBitDrops]int
+	// ClockOffset, when ClockChanged, is the new correction of the PoP's
+	// clock: from now on the driver hands the core, and its store decides
+	// on, its raw clock plus ClockOffset (clock.go).
+	ClockOffset  int64
+	ClockChanged bool
 }
 
 func (rd *Ready) empty() bool {
 	return len(rd.Save) == 0 && !rd.SaveDue && len(rd.Messages) == 0 && len(rd.Apply) == 0 &&
-		rd.Share == 0 && !rd.UnreachableChanged && rd.DroppedBits == [region.NumBitDrops]int{}
+		rd.Share == 0 && !rd.UnreachableChanged && !rd.ClockChanged && rd.DroppedBits == [region.NumBitDrops]int{}
 }
 
 // Stats are the core's counters and gauges.

@@ -25,6 +25,7 @@ func (c *Core) Step(now int64, m Message) {
 			c.snapshotWanted = true
 		}
 		c.reach.Heard(m.Region, now)
+		c.hearClock(now, m)
 		c.review(now)
 	case Delta:
 		if len(m.Slots) > 0 {
@@ -86,3 +87,46 @@ func (c *Core) review(now int64) {
 		c.rd.Share = share
 	}
 }
+
+// hearClock takes a beacon's timestamps (clock.go) and, when the estimate
+// moved, the new correction into the Ready. The core's own deadlines move
+// with the clock, so that they stay at the same raw instant.
+func (c *Core) hearClock(now int64, m Message) {
+	raw := now - c.clk.offset
+	var mine *Echo
+	for i := range m.Echo {
+		if m.Echo[i].POP == c.cfg.POP {
+			mine = &m.Echo[i]
+			break
+		}
+	}
+	if p := c.clk.peers[m.POP]; !c.clk.off && m.Sent != 0 && (p == nil || p.lastRecv == 0) {
+		// A PoP not heard before (new, or this one just started) gets a
+		// beacon back at once, with its echo: both then hold a sample one
+		// round trip after they meet, not a beacon interval later.
+		c.nextHello = min(c.nextHello, now)
+	}
+	if !c.clk.heard(m.POP, m.Sent, raw, mine) {
+		return
+	}
+	old := c.clk.offset
+	if !c.clk.review(raw) {
+		return
+	}
+	d := c.clk.offset - old
+	c.nextFlush += d
+	c.nextSnap += d
+	c.nextHello += d
+	c.reach.Shift(d)
+	c.reviewed += d
+	for _, due := range []*int64{&c.bitsDue, &c.urgentDue} {
+		if *due != never {
+			*due += d
+		}
+	}
+	c.rd.ClockOffset, c.rd.ClockChanged = c.clk.offset, true
+}
+
+// ClockOffset returns the correction in use: the PoP's clock is its raw
+// clock plus this (clock.go).
+func (c *Core) ClockOffset() int64 { return c.clk.offset }
