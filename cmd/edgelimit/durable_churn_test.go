@@ -1,3 +1,8 @@
+// The race detector slows the 24 simulated hours of churn tenfold (minutes):
+// this file's test and benchmark run without it.
+
+//go:build !race
+
 package main
 
 import (
