@@ -5,7 +5,7 @@ RULES   ?= deploy/examples/rules.yaml
 LISTEN  ?= 127.0.0.1:8080
 DATA    ?= ./data
 
-.PHONY: build run test bench lint fuzz load clean proto verify-proto proto-into
+.PHONY: build run test bench lint fuzz load lab clean proto verify-proto proto-into
 
 build:
 	$(GO) build -o $(BIN) ./cmd/edgelimit
@@ -78,6 +78,12 @@ fuzz:
 ## load: drive a running PoP (make run) with 64 connections for 10 s
 load: build
 	./$(BIN) load --url http://$(LISTEN) --domain api_platform --key remote_address -c 64 -d 10s
+
+## lab: SCENARIO on real sites in network namespaces, beside the simulator (needs root; see deploy/README.md)
+SCENARIO ?= simulate/scenarios/partition.yaml
+LAB_FLAGS ?=
+lab:
+	$(GO) run ./deploy/lab/cmd/lab -scenario $(SCENARIO) $(LAB_FLAGS)
 
 clean:
 	rm -rf bin $(DATA)

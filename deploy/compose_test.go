@@ -15,6 +15,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/edgelimit/edgelimit/deploy/lab"
 	"github.com/edgelimit/edgelimit/region"
 	"github.com/edgelimit/edgelimit/replication"
 )
@@ -163,7 +164,7 @@ func TestComposeFile(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, v := range confVars(string(text)) {
+			for _, v := range lab.ConfVars(string(text)) {
 				if _, ok := s.Environment[v]; !ok {
 					t.Errorf("%s: %s uses $%s, which the service's environment does not set", name, conf, v)
 				}

@@ -14,9 +14,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/deploy/lab"
 )
 
 // binDir holds the binaries the tests build, once per test binary run.
@@ -81,71 +82,30 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// proc is a process a test started; it is killed at the test's cleanup, and
-// its output is shown when the test failed.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-}
+// proc is a process a test started (a lab.Proc); it is killed at the
+// test's cleanup, and its output is shown when the test failed.
+type proc struct{ *lab.Proc }
 
 // start runs bin with args and env (added to the test's environment).
 func start(t *testing.T, name, bin string, env []string, args ...string) *proc {
 	t.Helper()
-	log := filepath.Join(t.TempDir(), name+".log")
-	f, err := os.Create(log)
+	lp, err := lab.StartProc(t.TempDir(), "", name, env, bin, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Env = append(os.Environ(), env...)
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		t.Fatalf("start %s: %v", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, log: log, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); f.Close(); close(p.done) }()
+	p := &proc{lp}
 	t.Cleanup(func() {
-		p.stop()
+		p.Kill()
 		if t.Failed() {
-			b, _ := os.ReadFile(log)
-			if len(b) > 8000 {
-				b = append([]byte("...\n"), b[len(b)-8000:]...)
-			}
-			t.Logf("log of %s (%s):\n%s", name, strings.Join(args, " "), b)
+			t.Logf("log of %s (%s):\n%s", name, strings.Join(args, " "), p.Tail(8000))
 		}
 	})
 	return p
 }
 
-// stop kills p and waits for it to exit.
-func (p *proc) stop() {
-	_ = p.cmd.Process.Kill()
-	<-p.done
-}
-
-// terminate stops p with SIGTERM, as a service manager does, and waits up
-// to 10 s for it to exit before it kills it.
-func (p *proc) terminate() {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		p.stop()
-	}
-}
-
-// exited says whether p has exited.
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
+func (p *proc) stop()        { p.Kill() }
+func (p *proc) terminate()   { p.Terminate() }
+func (p *proc) exited() bool { return p.Exited() }
 
 // waitFor polls cond every 50 ms until it returns nil, and fails the test
 // with its last error after timeout.
@@ -177,7 +137,7 @@ func startPoP(t *testing.T, name, listen string, env []string, args ...string) *
 // 200.
 func waitReady(t *testing.T, p *proc, listen string) {
 	t.Helper()
-	name := p.name
+	name := p.Name
 	waitFor(t, 30*time.Second, name+" ready", func() error {
 		if p.exited() {
 			t.Fatalf("%s exited before it was ready", name)

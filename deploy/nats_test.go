@@ -1,18 +1,14 @@
 package deploy
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/edgelimit/edgelimit/deploy/lab"
 )
 
 // natsServerBin builds nats-server at the version go.mod names.
@@ -27,24 +23,6 @@ const (
 	leafPassword = "leaf3Secret8Zw"
 	sysPassword  = "sys5Secret2Ky"
 )
-
-// confVars returns the variables ($NAME) a nats-server config uses, outside
-// comments: the environment must set each (the server refuses to start on
-// an unset one).
-func confVars(text string) []string {
-	var out []string
-	for _, line := range strings.Split(text, "\n") {
-		if i := strings.IndexAny(line, "#"); i >= 0 {
-			line = line[:i]
-		}
-		for _, m := range regexp.MustCompile(`\$([A-Za-z_][A-Za-z0-9_]*)`).FindAllStringSubmatch(line, -1) {
-			if !slices.Contains(out, m[1]) {
-				out = append(out, m[1])
-			}
-		}
-	}
-	return out
-}
 
 // natsServer is one server of a region started from a deploy/nats config.
 type natsServer struct {
@@ -99,10 +77,8 @@ func startRegion(t *testing.T, conf, region string, hub []*natsServer) []*natsSe
 				fmt.Sprintf("EDGELIMIT_HUB_URL_2=nats-leaf://127.0.0.1:%d", hub[1].lf),
 				fmt.Sprintf("EDGELIMIT_HUB_URL_3=nats-leaf://127.0.0.1:%d", hub[2].lf))
 		}
-		for _, v := range confVars(text) {
-			if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, v+"=") }) {
-				t.Fatalf("%s uses $%s, which the test does not set: update the test along with the file", conf, v)
-			}
+		if err := lab.CheckEnv(conf, text, env); err != nil {
+			t.Fatal(err)
 		}
 		file := filepath.Join(dir, conf)
 		if err := os.WriteFile(file, []byte(template(t, conf, text, pairs...)), 0o600); err != nil {
@@ -147,27 +123,7 @@ func waitDomain(t *testing.T, s *natsServer, domain string) {
 // jetStreamDomain asks, as the PoPs' user connected to s, which JetStream
 // domain answers: s's own, or with via set, domain via's through s.
 func jetStreamDomain(s *natsServer, via string) (string, error) {
-	nc, err := nats.Connect(s.url(), nats.UserInfo("edgelimit", popPassword), nats.Timeout(time.Second))
-	if err != nil {
-		return "", err
-	}
-	defer nc.Close()
-	var js jetstream.JetStream
-	if via == "" {
-		js, err = jetstream.New(nc)
-	} else {
-		js, err = jetstream.NewWithDomain(nc, via)
-	}
-	if err != nil {
-		return "", err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	info, err := js.AccountInfo(ctx)
-	if err != nil {
-		return "", err
-	}
-	return info.Domain, nil
+	return lab.JetStreamDomain(s.url(), "edgelimit", popPassword, via)
 }
 
 // TestNATSConfigsLinkRegions runs deploy/nats/hub-region.conf (region eu)

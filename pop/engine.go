@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/rules"
+	"github.com/edgelimit/edgelimit/pop/topkeys"
 )
 
 // Store is the counter store the engine decides against (store.Memory,
@@ -62,6 +64,8 @@ type Descriptor struct {
 type Override struct {
 	RequestsPerUnit int64      `json:"requests_per_unit"`
 	Unit            rules.Unit `json:"unit"`
+	// Multiplier is unit_multiplier: the window is that many units; 0 is 1.
+	Multiplier uint32 `json:"unit_multiplier,omitempty"`
 }
 
 // Request is a rate limit check, the JSON mapping of Envoy's RateLimitRequest.
@@ -129,6 +133,9 @@ func (r *Request) Validate() error {
 			if o.Unit.Duration() <= 0 {
 				return &RequestError{fmt.Sprintf("descriptors[%d].limit.unit", i), fmt.Sprintf("unknown unit %d", o.Unit)}
 			}
+			if o.Multiplier > 1 && time.Duration(o.Multiplier) > rules.MaxWindow/o.Unit.Duration() {
+				return &RequestError{fmt.Sprintf("descriptors[%d].limit.unit_multiplier", i), fmt.Sprintf("must be at most %d for unit %s (a window of at most %v), got %d", int64(rules.MaxWindow/o.Unit.Duration()), o.Unit, rules.MaxWindow, o.Multiplier)}
+			}
 		}
 	}
 	return nil
@@ -162,6 +169,14 @@ type Status struct {
 	Reset time.Duration
 	// RetryAfter is, when denied, the time until the same hits would fit.
 	RetryAfter time.Duration
+	// Unlimited is set when the descriptor matched an unlimited limit and no
+	// other; Limit is then nil. Envoy's ratelimit reports such a descriptor
+	// with limit_remaining 4294967295.
+	Unlimited bool
+	// Shadow is set when Limit is a shadow_mode limit, reported as Envoy's
+	// ratelimit reports one (its limit and remaining, code OK) because the
+	// descriptor matched no enforced limit. Headers never report it.
+	Shadow bool
 }
 
 // Result is the outcome of a check. Reuse one across calls to avoid allocation.
@@ -174,6 +189,9 @@ type Result struct {
 	Decisive int
 	// Policies are the enforced limits the request matched, for RateLimit-Policy.
 	Policies []*rules.Limit
+	// Lease, when the request was admitted holding concurrency slots
+	// (CheckLeaseAt), is the token that releases them; else "".
+	Lease string
 }
 
 // Engine decides checks: it matches a request's descriptors to limits in the
@@ -192,12 +210,17 @@ type Result struct {
 // a check sees one rule set throughout.
 type Engine struct {
 	store   Store
+	leases  Leaser // nil: concurrency limits are not applied (UseLeases)
 	rules   atomic.Pointer[rules.Set]
 	metrics *Metrics
-	mit     *Mitigations  // nil: no mitigation bits
-	share   atomic.Uint64 // math.Float64bits of the global share; 0 bits = 1.0
-	clock   atomic.Int64  // correction of the wall clock, ns (SetClockOffset)
-	scratch sync.Pool
+	mit     *Mitigations    // nil: no mitigation bits
+	quotas  Quotas          // nil: no per-key quotas (tenants.go)
+	top     *topkeys.Sketch // nil: no top limited keys
+	share   atomic.Uint64   // math.Float64bits of the global share; 0 bits = 1.0
+	// countDenied: pop-scope limits count denied hits (SetCountDenied).
+	countDenied atomic.Bool
+	clock       atomic.Int64 // correction of the wall clock, ns (SetClockOffset)
+	scratch     sync.Pool
 }
 
 // SetClockOffset makes Check decide at the wall clock plus d: the correction
@@ -235,6 +258,11 @@ func (e *Engine) GlobalShare() float64 {
 // limit issues a bit (until the sliding estimate falls back under the limit,
 // or for the rule's mitigation duration). Call it before serving.
 func (e *Engine) UseMitigations(m *Mitigations) { e.mit = m }
+
+// UseTopKeys makes the engine count every key a limit denies, or a
+// mitigation bit denies, in top (a fixed-memory sketch of the most limited
+// keys). Call it before serving.
+func (e *Engine) UseTopKeys(top *topkeys.Sketch) { e.top = top }
 
 // NewEngine returns an engine deciding against store with the given rules.
 // metrics may be nil.
@@ -275,6 +303,17 @@ type scratch struct {
 	groupItems []limit.Item
 	groupOut   []limit.Decision
 	decided    []bool
+	replaced   []*rules.Limit // see Engine.replaced
+	// slot* hold the request's concurrency limits (concurrency.go).
+	slots        []limit.SlotItem
+	slotOut      []limit.SlotDecision
+	slotLimits   []*rules.Limit
+	slotOwner    []int
+	slotKey      []byte
+	leaseID      limit.LeaseID
+	leaseKeys    []limit.SlotKey
+	leased       bool // the slots are held
+	slotsDecided bool // slotOut holds decisions
 }
 
 // Check decides req at the wall-clock time. See CheckAt.
@@ -284,8 +323,14 @@ func (e *Engine) Check(ctx context.Context, req *Request, res *Result) error {
 
 // CheckAt decides req at now and writes the outcome to res. It returns a
 // *RequestError for a malformed request and the store's error when the store
-// could not decide; then res is not valid.
+// could not decide; then res is not valid. Concurrency limits are left out
+// (see CheckLeaseAt).
 func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *Result) error {
+	return e.check(ctx, now, req, res, false)
+}
+
+// check is CheckAt, with the request's concurrency limits when leases.
+func (e *Engine) check(ctx context.Context, now time.Time, req *Request, res *Result, leases bool) error {
 	if err := req.Validate(); err != nil {
 		return err
 	}
@@ -295,6 +340,7 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 	res.Code, res.Decisive = OK, -1
 	res.Statuses = res.Statuses[:0]
 	res.Policies = res.Policies[:0]
+	res.Lease = ""
 	for range req.Descriptors {
 		res.Statuses = append(res.Statuses, Status{})
 	}
@@ -307,61 +353,67 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 	defer e.scratch.Put(s)
 	s.keys, s.ends, s.items, s.limits, s.owner = s.keys[:0], s.ends[:0], s.items[:0], s.limits[:0], s.owner[:0]
 	s.hits, s.override = s.hits[:0], s.override[:0]
+	replaced := e.replaced(dom, req, s)
+	s.slots, s.slotLimits, s.slotOwner = s.slots[:0], s.slotLimits[:0], s.slotOwner[:0]
 
+	nowNs := now.UnixNano()
 	for di := range req.Descriptors {
 		d := &req.Descriptors[di]
 		entries := d.Entries
 		matched := dom.Match(entries)
+		q, tier, tenant := e.tenant(dom, entries, nowNs)
+		mq := q // the key's overrides of the matched limits
 		if d.Limit != nil && len(entries) > 0 {
 			l, err := overrideLimit(dom, matched, d.Limit, di)
 			if err != nil {
 				return err
 			}
-			matched = []*rules.Limit{l}
+			matched, mq = []*rules.Limit{l}, nil // the request's own limit stands
 		}
 		hits := d.hits(req.HitsAddend)
-	limits:
 		for _, l := range matched {
 			if l.Unlimited {
+				res.Statuses[di].Unlimited = true
 				continue
 			}
+			if len(replaced) > 0 && d.Limit == nil && slices.Contains(replaced, l) {
+				continue
+			}
+			if l.Concurrent() {
+				if leases && hits > 0 {
+					s.addSlot(l, entries, di)
+					res.Policies = append(res.Policies, l)
+				}
+				continue
+			}
+			l = mq.Limit(l)
 			start := len(s.keys)
 			s.keys = l.AppendKey(s.keys, entries)
-			// The same limit reached twice (a repeated descriptor) counts once.
-			for i := range s.ends {
-				if bytes.Equal(s.key(i), s.keys[start:]) {
-					s.keys = s.keys[:start]
-					continue limits
-				}
-			}
-			s.ends = append(s.ends, len(s.keys))
-			s.limits = append(s.limits, l)
-			s.owner = append(s.owner, di)
-			s.hits = append(s.hits, hits)
-			s.override = append(s.override, d.Limit != nil)
-			if !l.Shadow {
-				res.Policies = append(res.Policies, l)
-			}
+			s.push(res, start, l, di, hits, d.Limit != nil)
+		}
+		for _, l := range tier {
+			l = q.Limit(l)
+			start := len(s.keys)
+			s.keys = l.AppendTenantKey(s.keys, dom.Tenants.Key, tenant)
+			s.push(res, start, l, di, hits, false)
 		}
 	}
 	n := len(s.limits)
-	if n == 0 {
+	if n == 0 && len(s.slots) == 0 {
 		return nil
 	}
 	share := e.share.Load()
+	countDenied := e.countDenied.Load()
+	quotaMode := false
 	for i, l := range s.limits {
-		it := limit.Item{Key: s.key(i), Spec: l.Spec, Shadow: l.Shadow, FailClosed: l.FailClosed, Scope: l.Scope}
-		if share != 0 && l.Scope == limit.ScopeGlobal {
-			it.Spec.Limit = int64(float64(it.Spec.Limit) * math.Float64frombits(share))
-		}
-		s.items = append(s.items, it)
+		s.items = append(s.items, itemFor(l, s.key(i), share, countDenied))
+		quotaMode = quotaMode || l.QuotaMode
 	}
 	if cap(s.out) < n {
 		s.out = make([]limit.Decision, n)
 	}
 	s.out = s.out[:n]
 
-	nowNs := now.UnixNano()
 	if e.mit != nil {
 		for i := range s.items {
 			it := &s.items[i]
@@ -369,18 +421,37 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 				continue
 			}
 			if until, ok := e.mit.Until(it.Key, nowNs); ok {
+				if e.top != nil {
+					e.top.Add(it.Key, 1)
+				}
 				e.mitigated(res, s.limits[i], s.owner[i], time.Duration(until-nowNs))
 				return nil
 			}
 		}
 	}
-	admitted, err := e.decide(ctx, s, nowNs)
+	slotsOK := e.acquire(ctx, s, nowNs)
+	if !slotsOK {
+		clear(s.hits) // no slot: the rate limits are only peeked at
+	}
+	admitted := true
+	var err error
+	switch {
+	case n == 0:
+	case quotaMode:
+		admitted, err = e.decideQuotaMode(ctx, s, nowNs)
+	default:
+		admitted, err = e.decide(ctx, s, nowNs)
+	}
 	if err != nil {
+		e.settleSlots(ctx, s, res, false, nowNs) // gives back the slots
+		res.Lease = ""
 		if !errors.Is(err, context.Canceled) || ctx.Err() == nil { // a caller that left is no store error
 			e.metrics.storeError()
 		}
 		return fmt.Errorf("pop: store: %w", err)
 	}
+	admitted = admitted && slotsOK
+	e.settleSlots(ctx, s, res, admitted, nowNs)
 	if !admitted {
 		res.Code = OverLimit
 		// No bits while the region is cut off: a key over its reduced share
@@ -395,11 +466,18 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 		if s.hits[i] > 0 { // a check that counts nothing is no decision
 			e.metrics.decision(l, d.Allowed, admitted)
 		}
+		st := &res.Statuses[s.owner[i]]
 		if l.Shadow {
+			// Reported only while no enforced limit is (see Status.Shadow).
+			if st.Limit == nil || st.Shadow && d.Remaining < st.Remaining {
+				*st = Status{Limit: l, Remaining: d.Remaining, Reset: time.Duration(d.Reset), Shadow: true}
+			}
 			continue
 		}
-		st := &res.Statuses[s.owner[i]]
-		if morePressing(d, st) {
+		if !d.Allowed && e.top != nil {
+			e.top.Add(s.key(i), 1)
+		}
+		if st.Shadow || morePressing(d, st) {
 			*st = Status{Limit: l, Remaining: d.Remaining, Reset: time.Duration(d.Reset), RetryAfter: time.Duration(d.RetryAfter)}
 			if !d.Allowed {
 				st.Code = OverLimit
@@ -408,7 +486,7 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 	}
 	for i := range res.Statuses {
 		st := &res.Statuses[i]
-		if st.Limit == nil {
+		if st.Limit == nil || st.Shadow {
 			continue
 		}
 		if res.Decisive < 0 || statusMorePressing(st, &res.Statuses[res.Decisive]) {
@@ -474,6 +552,9 @@ func (e *Engine) decideGroups(ctx context.Context, s *scratch, nowNs int64) (boo
 		hits := h
 		if peeking {
 			hits = peekHits(s.groupItems)
+			for j := range s.groupItems {
+				s.groupItems[j].CountDenied = false // a peek counts nothing
+			}
 		}
 		s.groupOut = append(s.groupOut[:0], make([]limit.Decision, len(s.groupIdx))...)
 		if err := e.store.CheckAt(ctx, nowNs, hits, s.groupItems, s.groupOut); err != nil {
@@ -534,7 +615,7 @@ func (e *Engine) mitigated(res *Result, l *rules.Limit, di int, wait time.Durati
 func (e *Engine) issue(s *scratch, nowNs int64) {
 	for i, l := range s.limits {
 		d := s.out[i]
-		if d.Allowed || l.Shadow || l.Scope == limit.ScopePOP || d.Remaining != 0 || s.hits[i] != 1 || s.override[i] {
+		if d.Allowed || l.Shadow || l.QuotaMode || l.Scope == limit.ScopePOP || d.Remaining != 0 || s.hits[i] != 1 || s.override[i] {
 			continue
 		}
 		until := nowNs + d.RetryAfter
@@ -543,6 +624,39 @@ func (e *Engine) issue(s *scratch, nowNs int64) {
 		}
 		e.mit.Issue(s.items[i].Key, l.Scope, until, nowNs)
 	}
+}
+
+// push adds limit l of descriptor di, whose key is s.keys[start:], to the
+// check — unless the same key is already there (a repeated descriptor, or a
+// tier reached from two descriptors), which counts once.
+func (s *scratch) push(res *Result, start int, l *rules.Limit, di int, hits int64, override bool) {
+	for i := range s.ends {
+		if bytes.Equal(s.key(i), s.keys[start:]) {
+			s.keys = s.keys[:start]
+			return
+		}
+	}
+	s.ends = append(s.ends, len(s.keys))
+	s.limits = append(s.limits, l)
+	s.owner = append(s.owner, di)
+	s.hits = append(s.hits, hits)
+	s.override = append(s.override, override)
+	if !l.Shadow {
+		res.Policies = append(res.Policies, l)
+	}
+}
+
+// itemFor is the store item of limit l under key: while the region is cut
+// off (share, math.Float64bits of the global share; 0 for none), a global
+// limit shrinks to its share; a quota-mode limit never denies on its own
+// (decideQuotaMode); with countDenied, pop-scope limits count denied hits.
+func itemFor(l *rules.Limit, key []byte, share uint64, countDenied bool) limit.Item {
+	it := limit.Item{Key: key, Spec: l.Spec, Shadow: l.Shadow || l.QuotaMode, FailClosed: l.FailClosed, Scope: l.Scope,
+		CountDenied: countDenied && l.Scope == limit.ScopePOP}
+	if share != 0 && l.Scope == limit.ScopeGlobal {
+		it.Spec.Limit = int64(float64(it.Spec.Limit) * math.Float64frombits(share))
+	}
+	return it
 }
 
 func (s *scratch) key(i int) []byte {
@@ -600,9 +714,12 @@ func overrideLimit(dom *rules.Domain, matched []*rules.Limit, o *Override, di in
 			break
 		}
 	}
-	l.Unit = o.Unit
-	l.Spec.Limit, l.Spec.Window, l.Spec.Burst = o.RequestsPerUnit, int64(o.Unit.Duration()), 0
-	l.Shadow, l.Unlimited, l.Mitigation = false, false, 0
+	l.Unit, l.Multiplier = o.Unit, o.Multiplier
+	l.Spec.Limit, l.Spec.Window, l.Spec.Burst = o.RequestsPerUnit, int64(l.Window()), 0
+	// As Envoy's ratelimit builds an override: never shadow or quota mode,
+	// counted on the request's own values (no share_threshold pattern).
+	l.Shadow, l.Unlimited, l.Mitigation, l.Replaces = false, false, 0, nil
+	l.QuotaMode, l.Shared = false, nil
 	if err := l.Spec.Validate(); err != nil {
 		return nil, &RequestError{fmt.Sprintf("descriptors[%d].limit", di), fmt.Sprintf("does not fit the matched %s limit: %v", l.Spec.Algorithm, err)}
 	}

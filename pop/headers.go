@@ -54,14 +54,13 @@ func HeaderValues(now time.Time, res *Result) []string {
 		if len(b) > ends[2] {
 			b = append(b, ", "...)
 		}
-		b = appendPolicy(b, l.Name, l.Spec.Limit, Seconds(l.Unit.Duration()))
+		b = appendLimitPolicy(b, l)
 	}
 	ends[3] = len(b)
 	b = appendSFString(b, st.Limit.Name)
 	b = append(b, ";r="...)
 	b = strconv.AppendInt(b, st.Remaining, 10)
-	b = append(b, ";t="...)
-	b = strconv.AppendInt(b, t, 10)
+	b = appendResetParam(b, st, t)
 	ends[4] = len(b)
 	b = strconv.AppendInt(b, t, 10)
 	ends[5] = len(b)

@@ -29,7 +29,10 @@ leaf nodes, each region its own JetStream domain, as deploy/nats/ configures
 production), and PoPs as separate 'edgelimit pop' processes, each connected to
 its region's NATS server. Prints one line per PoP:
 
-  <region> <pop> <check URL>
+  <region> <pop> <check URL> [<admin URL>]
+
+With --quotas postgres://…, every PoP follows the same PostgreSQL quota store
+(each region's PoPs read it directly; see README "Tenant quotas").
 
 and stops everything cleanly on Ctrl-C.
 
@@ -48,6 +51,8 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	dataDir := fs.String("data", "./data/demo", "data `directory` (a sub-directory per NATS server and PoP)")
 	flush := fs.Duration("flush-interval", 100*time.Millisecond, "how often each PoP publishes what it counted")
 	level := fs.String("log-level", "warn", "log level of the PoPs and NATS servers")
+	quotas := fs.String("quotas", "embedded", "tenant quota store of every PoP: embedded (each PoP its own) or a PostgreSQL `URL` they share")
+	adminToken := fs.String("admin-token-file", "", "with it, every PoP serves the admin API (on a free port, printed after its check URL) with the bearer token in this `file`")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), demoUsage)
 		fs.PrintDefaults()
@@ -129,7 +134,17 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 				"--listen", addr, "--rules", strings.Join(rules.values, ","),
 				"--data", filepath.Join(*dataDir, pop),
 				"--region", r, "--pop", pop, "--topology", topology,
-				"--nats", urls[r], "--flush-interval", flush.String(), "--log-level", *level)
+				"--nats", urls[r], "--flush-interval", flush.String(), "--log-level", *level, "--quotas", *quotas)
+			adminURL := ""
+			if *adminToken != "" {
+				ap, err := freePort()
+				if err != nil {
+					return err
+				}
+				adminAddr := fmt.Sprintf("127.0.0.1:%d", ap)
+				cmd.Args = append(cmd.Args, "--admin-listen", adminAddr, "--admin-token-file", *adminToken)
+				adminURL = " http://" + adminAddr
+			}
 			cmd.Stdout, cmd.Stderr = stderr, stderr
 			cmd.Env = demoEnv()
 			if err := cmd.Start(); err != nil {
@@ -138,7 +153,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 			c := child{cmd, make(chan error, 1)}
 			go func() { c.done <- cmd.Wait() }()
 			children = append(children, c)
-			fmt.Fprintf(stdout, "%s %s http://%s\n", r, pop, addr)
+			fmt.Fprintf(stdout, "%s %s http://%s%s\n", r, pop, addr, adminURL)
 		}
 	}
 	log.Info("demo running; Ctrl-C stops it")

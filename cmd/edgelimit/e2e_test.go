@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgelimit/edgelimit/pop/poptest"
 	"github.com/edgelimit/edgelimit/pop/store/redistest"
 )
 
@@ -33,12 +34,7 @@ func buildBinary(t *testing.T) string {
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return poptest.FreeAddr(t)
 }
 
 // startPoP runs `edgelimit pop` and waits until it serves checks.

@@ -65,6 +65,8 @@ func runLoad(args []string, stdout io.Writer) error {
 	fs.IntVar(&cfg.Batch, "batch", 0, "checks per request to /v1/check/batch; 0 = single checks to /v1/check")
 	fs.StringVar(&cfg.GRPC, "grpc", "", "`host:port` of the PoP's gRPC rate limit service (--grpc-listen): send single-check ShouldRateLimit calls there instead of HTTP, one connection per --concurrency")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed for the value choice (runs are reproducible)")
+	fs.Float64Var(&cfg.Rate, "rate", 0, "requests per second in total, paced evenly over the connections; 0 = each connection sends its next request as soon as the last is answered")
+	fs.BoolVar(&cfg.Timeline, "timeline", false, "count allowed and denied checks per Unix second (the JSON report's \"timeline\"; HTTP single checks only)")
 	fs.BoolVar(&asJSON, "json", false, "print the report as JSON instead of a table")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

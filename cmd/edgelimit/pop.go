@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/pop/httpapi"
 	"github.com/edgelimit/edgelimit/pop/node"
+	"github.com/edgelimit/edgelimit/pop/quota"
 	"github.com/edgelimit/edgelimit/pop/store"
 	"github.com/edgelimit/edgelimit/replication"
 )
@@ -21,9 +23,13 @@ import (
 const popUsage = `Usage: edgelimit pop [flags]
 
 Runs a point of presence: it answers rate limit checks over HTTP
-(POST /v1/check, POST /v1/check/batch, /v1/authz for proxies' forward auth,
-GET /healthz, /readyz, /metrics), deciding on a counter store and the rules in
---rules, which it reloads when they change.
+(POST /v1/check, POST /v1/check/batch, POST /json as Envoy's ratelimit serves it,
+/v1/authz for proxies' forward auth, POST /v1/release for the leases of
+concurrency limits, GET /healthz, /readyz, /metrics), deciding on a counter
+store and the rules in --rules, which it reloads when they change. Concurrency
+leases live in the same store: this process when embedded, the shared Redis
+with --store redis://…. Tenants' tiers
+and per-key overrides come from --quotas and are managed on --admin-listen.
 
 Every flag can also be set by the environment variable EDGELIMIT_<FLAG>
 (upper case, '-' as '_', e.g. EDGELIMIT_LISTEN) or by a YAML file given with
@@ -45,6 +51,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 		repl   replFlags
 
 		redisPasswordFile   string
+		adminTokenFile      string
 		bodyMemoryMiB       int
 		mitigationsEndpoint bool
 		minFreeMiB          int64
@@ -53,6 +60,8 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.GRPCListen, "grpc-listen", "", "`address` of Envoy's gRPC rate limit service (envoy.service.ratelimit.v3) and the gRPC health service (off when empty)")
 	fs.Var(&rules, "rules", "rule `files or directories` (comma-separated or repeated); YAML in Envoy ratelimit's format")
 	fs.DurationVar(&cfg.RulesInterval, "rules-interval", time.Second, "how often to check the rule files for changes")
+	fs.BoolVar(&cfg.CountDeniedHits, "count-denied-hits", false, "pop-scope limits count the hits of denied requests too, as Envoy's ratelimit does (a client that\nkeeps sending stays over); by default a denied request spends no quota")
+	fs.BoolVar(&cfg.MergeDomains, "merge-domains", false, "let several rule files define one domain and join their descriptors (Envoy ratelimit's\nMERGE_DOMAIN_CONFIG); without it a domain defined twice is an error")
 	fs.BoolVar(&cfg.AllowEmptyRules, "allow-empty-rules", false, "accept a rule set without limits (it admits every request); without it, an empty rule set\nfails to start and a reload to one fails and keeps the last good rules")
 	fs.StringVar(&cfg.DataDir, "data", "./data", "data `directory` for the PoP's durable state (created if missing)")
 	fs.Int64Var(&minFreeMiB, "data-min-free-mib", replication.DefaultMinFree>>20, "free space (MiB) the PoP leaves on the --data disk: below it, it stops saving, keeps deciding\nfrom memory, fails /readyz, and saves again once this plus a 16 MiB ballast are free")
@@ -70,6 +79,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&cfg.ReadTimeout, "read-timeout", node.DefaultReadTimeout, "how long a client may take to send a request, headers and body (408 past it)")
 	fs.IntVar(&bodyMemoryMiB, "max-body-memory-mib", httpapi.DefaultMaxBodyMemory>>20, "MiB that request bodies in flight may hold together (503 with Retry-After past it); at least 24,\nwhat the largest batch needs")
 	fs.BoolVar(&mitigationsEndpoint, "mitigations-endpoint", true, "serve GET /v1/mitigations, which lists the keys under mitigation (possibly API keys)\nto anyone who can reach --listen")
+	fs.IntVar(&cfg.TopKeys, "top-keys", node.DefaultTopKeys, "size of the fixed-memory sketch of the most limited keys (GET /v1/top, unless\n--mitigations-endpoint=false; metric edgelimit_top_limited_keys); 0 keeps none")
 	fs.StringVar(&repl.region, "region", "", "this PoP's region; with --pop, limits with scope region or global count across PoPs")
 	fs.StringVar(&repl.pop, "pop", "", "this PoP's name, its replica name: unique across regions")
 	fs.StringVar(&repl.topology, "topology", "", "every region's PoPs: `region=pop,pop;region=pop` (default: this PoP alone)")
@@ -90,6 +100,10 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&repl.natsListen, "nats-port", -1, "client port of the embedded NATS server (-1: a free port)")
 	fs.IntVar(&repl.leafListen, "nats-leaf-port", 0, "embedded NATS: accept other regions' leaf connections on this port (the hub region; 0: none)")
 	fs.Var(&repl.leafRemotes, "nats-leaf-remote", "embedded NATS: connect to the hub region's leaf `URL` (nats-leaf://host:port), comma-separated or repeated")
+	fs.StringVar(&cfg.Quotas, "quotas", "embedded", "tenant quota store: embedded (a file under --data, for a single PoP) or a PostgreSQL `URL`\n(postgres://user@host:5432/db; the system of record, shared by every PoP)")
+	fs.DurationVar(&cfg.QuotasPoll, "quotas-poll", quota.DefaultPoll, "how often to ask the quota store for changes besides PostgreSQL's LISTEN/NOTIFY (a backstop)")
+	fs.StringVar(&cfg.AdminListen, "admin-listen", "", "`address` of the admin API (/admin/v1/quotas, /admin/v1/usage; off when empty; needs --admin-token-file)")
+	fs.StringVar(&adminTokenFile, "admin-token-file", "", "`file` holding the admin API's bearer token (one line; never on the command line)")
 	fs.StringVar(&level, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&format, "log-format", "text", "log format: text or json")
 	fs.StringVar(&config, "config", "", "YAML `file` of settings, keyed by flag name")
@@ -102,6 +116,8 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	}
 	cfg.Rules = rules.values
 	switch {
+	case cfg.TopKeys < 0:
+		return fmt.Errorf("--top-keys must be ≥ 0, got %d", cfg.TopKeys)
 	case cfg.MaxKeys <= 0:
 		return fmt.Errorf("--max-keys must be > 0, got %d", cfg.MaxKeys)
 	case cfg.RulesInterval <= 0:
@@ -119,6 +135,19 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("--redis-password-file: %w", err)
 		}
 		cfg.RedisPassword = pw
+	}
+	if adminTokenFile != "" {
+		tok, err := readSecret(adminTokenFile)
+		if err != nil {
+			return fmt.Errorf("--admin-token-file: %w", err)
+		}
+		cfg.AdminToken = tok
+	}
+	if cfg.AdminListen != "" && cfg.AdminToken == "" {
+		return errors.New("--admin-listen needs --admin-token-file (the bearer token is never taken from the command line)")
+	}
+	if cfg.QuotasPoll <= 0 {
+		return fmt.Errorf("--quotas-poll must be > 0, got %v", cfg.QuotasPoll)
 	}
 	topo, err := repl.validate()
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"runtime"
 	"sync"
@@ -226,10 +227,7 @@ func (st *state) decode(in *rlsv3.RateLimitRequest) error {
 			if err != nil {
 				return &pop.RequestError{Field: fmt.Sprintf("descriptors[%d].limit.unit", i), Msg: err.Error()}
 			}
-			if m := o.GetUnitMultiplier(); m != nil && m.GetValue() != 1 {
-				return &pop.RequestError{Field: fmt.Sprintf("descriptors[%d].limit.unit_multiplier", i), Msg: fmt.Sprintf("is not supported (only 1), got %d", m.GetValue())}
-			}
-			st.overrides[i] = pop.Override{RequestsPerUnit: int64(o.GetRequestsPerUnit()), Unit: u}
+			st.overrides[i] = pop.Override{RequestsPerUnit: int64(o.GetRequestsPerUnit()), Unit: u, Multiplier: o.GetUnitMultiplier().GetValue()}
 			pd.Limit = &st.overrides[i]
 		}
 	}
@@ -255,8 +253,12 @@ func unitOf(u typev3.RateLimitUnit) (rules.Unit, error) {
 		return rules.Hour, nil
 	case typev3.RateLimitUnit_DAY:
 		return rules.Day, nil
+	case typev3.RateLimitUnit_MONTH:
+		return rules.Month, nil
+	case typev3.RateLimitUnit_YEAR:
+		return rules.Year, nil
 	}
-	return 0, fmt.Errorf("unit %s is not supported (want SECOND, MINUTE, HOUR or DAY)", u)
+	return 0, fmt.Errorf("unit %s is not supported (want SECOND, MINUTE, HOUR, DAY, MONTH or YEAR; Envoy's override has no WEEK)", u)
 }
 
 // units maps rules.Unit to Envoy's response unit.
@@ -265,6 +267,9 @@ var units = [...]rlsv3.RateLimitResponse_RateLimit_Unit{
 	rules.Minute: rlsv3.RateLimitResponse_RateLimit_MINUTE,
 	rules.Hour:   rlsv3.RateLimitResponse_RateLimit_HOUR,
 	rules.Day:    rlsv3.RateLimitResponse_RateLimit_DAY,
+	rules.Week:   rlsv3.RateLimitResponse_RateLimit_WEEK,
+	rules.Month:  rlsv3.RateLimitResponse_RateLimit_MONTH,
+	rules.Year:   rlsv3.RateLimitResponse_RateLimit_YEAR,
 }
 
 var codesOf = [...]rlsv3.RateLimitResponse_Code{pop.OK: rlsv3.RateLimitResponse_OK, pop.OverLimit: rlsv3.RateLimitResponse_OVER_LIMIT}
@@ -287,6 +292,8 @@ func response(now time.Time, res *pop.Result) *rlsv3.RateLimitResponse {
 			ds.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: l.Name, RequestsPerUnit: clampU32(l.Spec.Limit), Unit: u}
 			ds.LimitRemaining = clampU32(st.Remaining)
 			ds.DurationUntilReset = &durationpb.Duration{Seconds: pop.Seconds(st.UntilReset())}
+		} else if st.Unlimited {
+			ds.LimitRemaining = math.MaxUint32 // as Envoy's ratelimit reports an unlimited descriptor
 		}
 		out.Statuses[i] = ds
 	}

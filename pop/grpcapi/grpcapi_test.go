@@ -267,10 +267,10 @@ func TestInvalidArgument(t *testing.T) {
 	neg := desc("api_key", "k")
 	neg.IsNegativeHits = true
 	neg.HitsAddend = wrapperspb.UInt64(1)
-	month := desc("api_key", "k")
-	month.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_MONTH}
+	unknown := desc("api_key", "k")
+	unknown.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_UNKNOWN}
 	mult := desc("api_key", "k")
-	mult.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_MINUTE, UnitMultiplier: wrapperspb.UInt32(5)}
+	mult.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_YEAR, UnitMultiplier: wrapperspb.UInt32(11)}
 	huge := desc("api_key", "k")
 	huge.HitsAddend = wrapperspb.UInt64(pop.MaxHits + 1)
 	cases := []struct {
@@ -285,8 +285,8 @@ func TestInvalidArgument(t *testing.T) {
 		{"huge request hits", "hits_addend", &rlsv3.RateLimitRequest{Domain: "api", HitsAddend: pop.MaxHits + 1, Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("a", "b")}}},
 		{"huge descriptor hits", "descriptors[0].hits_addend", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{huge}}},
 		{"negative hits", "descriptors[0].is_negative_hits", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{neg}}},
-		{"month override", "descriptors[0].limit.unit", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{month}}},
-		{"unit multiplier", "descriptors[0].limit.unit_multiplier", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{mult}}},
+		{"unknown unit override", "descriptors[0].limit.unit", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{unknown}}},
+		{"window over ten years", "descriptors[0].limit.unit_multiplier", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{mult}}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

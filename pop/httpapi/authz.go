@@ -82,10 +82,8 @@ func (s *Server) handleAuthz(w http.ResponseWriter, r *http.Request) {
 	if status == 0 {
 		status = http.StatusTooManyRequests
 	}
-	st.out = append(st.out[:0], `{"error":`...)
-	st.out = appendDenial(st.out, &st.req, &st.res)
-	st.out = append(st.out, '}')
-	writeJSON(w, status, st.out)
+	st.out = appendProblem(st.out[:0], status, &st.req, &st.res)
+	writeProblem(w, status, st.out)
 }
 
 func deriveDescriptor(r *http.Request, entries []rules.AuthEntry) (pop.Descriptor, bool) {

@@ -2,6 +2,7 @@
 //
 //	POST /v1/check        one check, the JSON mapping of Envoy's RateLimitRequest
 //	POST /v1/check/batch  many independent checks in one request
+//	POST /v1/release      free concurrency leases a check handed out
 //	GET  /v1/mitigations  the mitigation bits in force
 //	ANY  /v1/authz[/...]  forward auth for nginx auth_request, Traefik
 //	                      ForwardAuth and Envoy ext_authz (HTTP)
@@ -39,6 +40,7 @@ import (
 	"github.com/edgelimit/edgelimit/pop"
 	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/rules"
+	"github.com/edgelimit/edgelimit/pop/topkeys"
 )
 
 // Bounds on request bodies.
@@ -64,6 +66,9 @@ type Config struct {
 	Engine *pop.Engine
 	// Mitigations, when set, is listed by GET /v1/mitigations.
 	Mitigations *pop.Mitigations
+	// TopKeys, when set, is listed by GET /v1/top (left out with
+	// HideMitigations, as it lists key values too).
+	TopKeys *topkeys.Sketch
 	// Metrics may be nil.
 	Metrics *pop.Metrics
 	// MetricsHandler serves /metrics; nil leaves it out.
@@ -80,7 +85,11 @@ type Config struct {
 	// HideMitigations leaves GET /v1/mitigations out (404): it lists key
 	// values, possibly API keys, to anyone who can reach the port.
 	HideMitigations bool
-	Logger          *slog.Logger
+	// DecodeProto, when set, decodes a check body in Envoy's protobuf JSON
+	// mapping (grpcapi.DecodeJSON); /v1/check tries it on a body its own
+	// decoder refuses, so both snake_case and camelCase requests work.
+	DecodeProto func(body []byte) (*pop.Request, error)
+	Logger      *slog.Logger
 	// Now reads the clock; nil means time.Now. The simulator and tests set it.
 	Now func() time.Time
 }
@@ -167,8 +176,12 @@ func New(cfg Config) *Server {
 	s.bufs.New = func() any { return &reqState{body: make([]byte, 0, 1024), out: make([]byte, 0, 1024)} }
 	s.mux.HandleFunc("/v1/check", s.handleCheck)
 	s.mux.HandleFunc("/v1/check/batch", s.handleBatch)
+	s.mux.HandleFunc("/v1/release", s.handleRelease)
 	if !cfg.HideMitigations {
 		s.mux.HandleFunc("/v1/mitigations", s.handleMitigations)
+		if cfg.TopKeys != nil {
+			s.mux.HandleFunc("/v1/top", onlyGet(s.handleTop))
+		}
 	}
 	s.mux.HandleFunc("/v1/authz", s.handleAuthz)
 	s.mux.HandleFunc("/v1/authz/", s.handleAuthz)
@@ -227,23 +240,30 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		// which would keep strings of an earlier request.
 		st.req = pop.Request{}
 		if err := s.decodeSlow(st, &st.req); err != nil {
-			s.bodyFailed(w, "check", err)
-			return
-		}
-		if !utf8.Valid(st.body) {
+			// Envoy's protobuf JSON (hitsAddend, integers as strings, units
+			// by number) is a request too; when that fails as well, the
+			// plain decoder's message names the problem.
+			req, perr := s.decodeProto(st.body, err)
+			if perr != nil {
+				s.bodyFailed(w, "check", err)
+				return
+			}
+			st.req = *req
+		} else if !utf8.Valid(st.body) {
 			field := invalidUTF8Field(&st.req, "")
 			s.badRequest(w, "check", cmp.Or(field, "body"), cmp.Or(field, "body")+": invalid UTF-8")
 			return
 		}
 	}
 	now := s.cfg.Now()
-	err := s.cfg.Engine.CheckAt(r.Context(), now, &st.req, &st.res)
+	err := s.cfg.Engine.CheckLeaseAt(r.Context(), now, &st.req, &st.res)
 	s.cfg.Metrics.ObserveCheck("check", s.cfg.Now().Sub(now))
 	if err != nil {
 		s.checkFailed(w, "check", err)
 		return
 	}
 	setHeaders(w.Header(), now, &st.res)
+	setLease(w.Header(), &st.res)
 	st.out = appendResult(st.out[:0], &st.res)
 	status := http.StatusOK
 	if st.res.Code == pop.OverLimit {
@@ -462,6 +482,16 @@ func (s *Server) decodeSlow(st *reqState, v any) error {
 	return decodeStrict(st.body, v)
 }
 
+// decodeProto decodes body with Config.DecodeProto after the plain decoder
+// failed with err; it returns err itself when there is no DecodeProto or the
+// failure was not about the body's contents (the memory budget).
+func (s *Server) decodeProto(body []byte, err error) (*pop.Request, error) {
+	if s.cfg.DecodeProto == nil || errors.Is(err, errBusy) {
+		return nil, err
+	}
+	return s.cfg.DecodeProto(body)
+}
+
 // invalidUTF8Field names the first field of req that holds U+FFFD, the
 // replacement encoding/json makes for invalid UTF-8, prefixed by prefix, or
 // "" when none does.
@@ -554,16 +584,20 @@ func appendResult(b []byte, res *pop.Result) []byte {
 			b = append(b, `,"requests_per_unit":`...)
 			b = strconv.AppendInt(b, st.Limit.Spec.Limit, 10)
 			b = append(b, `,"unit":"`...)
-			b = append(b, st.Limit.Unit.Upper()...)
+			b = append(b, unitName(st.Limit)...)
 			b = append(b, `"},"limit_remaining":`...)
 			b = strconv.AppendInt(b, st.Remaining, 10)
 			b = append(b, `,"duration_until_reset":"`...)
 			b = strconv.AppendInt(b, seconds(st.UntilReset()), 10)
 			b = append(b, `s"`...)
+		} else if st.Unlimited {
+			b = append(b, `,"limit_remaining":4294967295`...)
 		}
 		b = append(b, '}')
 	}
-	return append(b, "]}"...)
+	b = append(b, ']')
+	b = appendLease(b, res)
+	return append(b, '}')
 }
 
 // appendDenial appends the client-facing error object of a 429.
@@ -580,7 +614,7 @@ func appendDenial(b []byte, req *pop.Request, res *pop.Result) []byte {
 	b = append(b, `,"limit":`...)
 	b = strconv.AppendInt(b, st.Limit.Spec.Limit, 10)
 	b = append(b, `,"window":"`...)
-	b = append(b, shortDuration(st.Limit.Unit.Duration())...)
+	b = append(b, window(st.Limit)...)
 	b = append(b, `","scope":"`...)
 	b = appendDescriptor(b, entries)
 	b = append(b, `","policy":`...)

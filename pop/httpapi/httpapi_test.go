@@ -16,6 +16,7 @@ import (
 	"github.com/edgelimit/edgelimit/pop/limit/limittest"
 	"github.com/edgelimit/edgelimit/pop/rules"
 	"github.com/edgelimit/edgelimit/pop/store"
+	"github.com/edgelimit/edgelimit/pop/topkeys"
 )
 
 // clock is a settable test clock.
@@ -418,7 +419,10 @@ func BenchmarkBatch(b *testing.B) {
 	b.ReportMetric(float64(b.N*perBatch)/time.Since(start).Seconds(), "decisions/s")
 }
 
-func TestMitigationsEndpoint(t *testing.T) {
+// newMitigatingServer serves a PoP eu-1 with mitigation bits and one
+// global limit of 1 per minute per ip, on a clock 30 s into a minute; top,
+// when set, counts its denied keys.
+func newMitigatingServer(t *testing.T, top *topkeys.Sketch) (*httptest.Server, *pop.Engine) {
 	root := &rules.Node{}
 	l := lim("ip", 1, rules.Minute, "per_ip")
 	l.Scope = rules.ScopeGlobal
@@ -428,8 +432,16 @@ func TestMitigationsEndpoint(t *testing.T) {
 	m := pop.NewMitigations("eu-1")
 	eng := pop.NewEngine(store.NewMemory(store.MemoryConfig{Replica: "eu-1"}), set, nil)
 	eng.UseMitigations(m)
-	srv := httptest.NewServer(New(Config{Engine: eng, Mitigations: m, Now: c.now}))
-	defer srv.Close()
+	if top != nil {
+		eng.UseTopKeys(top)
+	}
+	srv := httptest.NewServer(New(Config{Engine: eng, Mitigations: m, TopKeys: top, Now: c.now}))
+	t.Cleanup(srv.Close)
+	return srv, eng
+}
+
+func TestMitigationsEndpoint(t *testing.T) {
+	srv, _ := newMitigatingServer(t, nil)
 	body := `{"domain":"api_platform","descriptors":[{"entries":[{"key":"ip","value":"1.2.3.4"}]}]}`
 	post(t, srv.URL+"/v1/check", body)
 	if resp, _ := post(t, srv.URL+"/v1/check", body); resp.StatusCode != 429 {

@@ -44,6 +44,28 @@ type Item struct {
 	// when the store that holds them cannot answer (security-critical limits
 	// such as logins). Stores without a failure mode ignore it.
 	FailClosed bool
+	// CountDenied items count their hits even when the request is denied,
+	// as Envoy's ratelimit counts every hit (INCRBY before the comparison);
+	// the decision is the same, but a client that keeps sending stays over.
+	// It applies to the window algorithms, token_bucket and gcra (a sliding
+	// log keeps one entry per admitted hit); shadow items ignore it.
+	CountDenied bool
+}
+
+// countsDenied reports whether it adds its hits to a denied request.
+func (it *Item) countsDenied() bool {
+	return it.CountDenied && !it.Shadow && it.Spec.Algorithm != SlidingLog
+}
+
+// Take is Spec.Take for a request that matched this one item: it also
+// counts denied hits when the item says so (CountDenied).
+func (it *Item) Take(st *State, now, hits int64) Decision {
+	d := it.Spec.Take(st, now, hits)
+	if !d.Allowed && it.countsDenied() {
+		it.Spec.Add(st, now, hits)
+		d.Remaining = 0 // what the peek had is spent now
+	}
+	return d
 }
 
 // Admit reports whether a request whose items got the decisions ds is admitted:
@@ -62,7 +84,8 @@ func Admit(items []Item, ds []Decision) bool {
 // every store implements: each state is advanced and asked, and only when the
 // request is admitted (Admit) are hits added, and then only to the items that
 // allowed them (a shadow item over its limit stays at its limit). A denied
-// request therefore consumes no quota of any limit it matched. The caller
+// request therefore consumes no quota of any limit it matched — except of
+// its CountDenied items, which count the hits whatever the outcome. The caller
 // holds whatever locks make the step atomic; states[i] belongs to items[i].
 func Decide(now, hits int64, items []Item, states []*State, out []Decision) bool {
 	for i := range items {
@@ -72,9 +95,17 @@ func Decide(now, hits int64, items []Item, states []*State, out []Decision) bool
 	ok := Admit(items, out)
 	for i := range items {
 		switch {
-		case !out[i].Allowed:
-		case ok:
+		case ok && out[i].Allowed:
 			items[i].Spec.Add(states[i], now, hits)
+		case items[i].countsDenied():
+			// Denied (ok is false): Envoy's way counts the hits anyway. An
+			// item that allowed them reports the room after them already;
+			// one that denied them has none left.
+			items[i].Spec.Add(states[i], now, hits)
+			if !out[i].Allowed {
+				out[i].Remaining = 0
+			}
+		case !out[i].Allowed:
 		default:
 			// This limit had room, but another denied the request: nothing was
 			// spent, so its room is what it was.

@@ -71,6 +71,13 @@ type Config struct {
 	// (--grpc-listen): each worker then sends single-check ShouldRateLimit
 	// calls on its own connection, and URL and Batch are unused.
 	GRPC string
+	// Rate, when > 0, paces the run at Rate requests per second in total,
+	// spread evenly over the connections, instead of sending each next
+	// request as soon as the last is answered (HTTP only).
+	Rate float64
+	// Timeline, when set, makes Report.Timeline count the allowed and
+	// denied checks of every Unix second (HTTP single checks only).
+	Timeline bool
 }
 
 // Limits on Config values, to catch typos before they exhaust the machine.
@@ -121,6 +128,12 @@ func (c Config) validate() (target, error) {
 		return target{}, fmt.Errorf("loadgen: ZipfS must be a finite number > 1, got %v", c.ZipfS)
 	case c.Batch < 0 || c.Batch > maxBatch:
 		return target{}, fmt.Errorf("loadgen: Batch must be in [0, %d], got %d", maxBatch, c.Batch)
+	}
+	if !(c.Rate >= 0) || math.IsInf(c.Rate, 0) {
+		return target{}, fmt.Errorf("loadgen: Rate must be a finite number ≥ 0, got %v", c.Rate)
+	}
+	if (c.Rate > 0 || c.Timeline) && (c.GRPC != "" || c.Batch != 0) {
+		return target{}, fmt.Errorf("loadgen: Rate and Timeline need HTTP single checks, got GRPC %q and Batch %d", c.GRPC, c.Batch)
 	}
 	if c.GRPC != "" {
 		if _, _, err := net.SplitHostPort(c.GRPC); err != nil || c.Batch != 0 {

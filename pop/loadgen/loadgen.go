@@ -33,6 +33,8 @@ type Report struct {
 	P99       time.Duration `json:"p99_ns"`
 	P999      time.Duration `json:"p999_ns"`
 	Max       time.Duration `json:"max_ns"`
+	// Timeline counts decisions per Unix second, with Config.Timeline.
+	Timeline []Second `json:"timeline,omitempty"`
 }
 
 // RequestsPerSecond is Requests over Elapsed (0 when nothing elapsed).
@@ -109,14 +111,17 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	}
 	probe.Close()
 
+	start := time.Now()
 	workers := make([]*worker, t.cfg.Concurrency)
 	for i := range workers {
-		workers[i] = &worker{ring: renderRing(&t, i)}
+		workers[i] = &worker{ring: renderRing(&t, i), pace: newPacer(t.cfg.Rate, len(workers), i, start)}
+		if t.cfg.Timeline {
+			workers[i].tl = timeline{}
+		}
 	}
 	runCtx, cancel := context.WithTimeout(ctx, t.cfg.Duration)
 	defer cancel()
 
-	start := time.Now()
 	var wg sync.WaitGroup
 	for _, w := range workers {
 		wg.Go(func() { r.work(runCtx, w) })
@@ -136,7 +141,11 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 func report(elapsed time.Duration, workers []*worker) Report {
 	rep := Report{Elapsed: elapsed, Status: map[int]int64{}}
 	var h histogram
+	var tls []timeline
 	for _, w := range workers {
+		if w.tl != nil {
+			tls = append(tls, w.tl)
+		}
 		h.merge(&w.hist)
 		rep.Requests += w.requests
 		rep.Decisions += w.decisions
@@ -152,6 +161,9 @@ func report(elapsed time.Duration, workers []*worker) Report {
 	}
 	rep.P50, rep.P99, rep.P999 = h.quantile(0.50), h.quantile(0.99), h.quantile(0.999)
 	rep.Max = time.Duration(h.max)
+	if tls != nil {
+		rep.Timeline = mergeTimelines(tls)
+	}
 	return rep
 }
 
@@ -167,6 +179,8 @@ type run struct {
 // conn, which it writes under mu so that halt can interrupt it.
 type worker struct {
 	ring [][]byte // pre-rendered requests; len is a power of two
+	pace pacer
+	tl   timeline // nil unless Config.Timeline
 
 	mu   sync.Mutex
 	conn net.Conn
@@ -224,6 +238,9 @@ func (r *run) work(ctx context.Context, w *worker) {
 		if cfg.Requests > 0 && r.issued.Add(1) > cfg.Requests {
 			return
 		}
+		if !w.pace.wait(ctx) {
+			return
+		}
 		start := time.Now()
 		_, err := w.conn.Write(w.ring[i&mask])
 		status, closeConn := 0, false
@@ -239,6 +256,7 @@ func (r *run) work(ctx context.Context, w *worker) {
 			continue
 		}
 		w.hist.record(lat)
+		w.tl.add(start.Add(lat), status)
 		w.status[status]++
 		w.requests++
 		if status == 200 || status == 429 {

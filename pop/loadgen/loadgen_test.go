@@ -308,6 +308,9 @@ func TestConfigErrors(t *testing.T) {
 		{Config{URL: u, ZipfS: 0.5}, "ZipfS must be a finite number > 1, got 0.5"},
 		{Config{URL: u, ZipfS: 1}, "got 1"},
 		{Config{URL: u, Batch: -1}, "Batch must be in [0, 1000], got -1"},
+		{Config{URL: u, Rate: -1}, "Rate must be a finite number ≥ 0, got -1"},
+		{Config{URL: u, Rate: 10, Batch: 5}, "Rate and Timeline need HTTP single checks"},
+		{Config{URL: u, Timeline: true, GRPC: "127.0.0.1:1"}, "Rate and Timeline need HTTP single checks"},
 		{Config{URL: closed}, "cannot connect to " + strings.TrimPrefix(closed, "http://")},
 	}
 	for _, tc := range tests {

@@ -26,6 +26,7 @@ import (
 	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/rules"
 	"github.com/edgelimit/edgelimit/pop/store"
+	"github.com/edgelimit/edgelimit/pop/topkeys"
 )
 
 // Config is a PoP's configuration.
@@ -43,6 +44,12 @@ type Config struct {
 	// without limits, which admits every request. Off, such a load is an
 	// error (rules.ErrNoLimits) and the last good rules stay.
 	AllowEmptyRules bool
+	// MergeDomains lets several rule files define one domain, their
+	// descriptors joined (rules.Options.MergeDomains).
+	MergeDomains bool
+	// CountDeniedHits makes pop-scope limits count denied hits, as Envoy's
+	// ratelimit does (pop.Engine.SetCountDenied).
+	CountDeniedHits bool
 	// DataDir holds the PoP's durable state; it is created if missing.
 	DataDir string
 	// Store is "embedded" or a Redis URL (redis://, rediss://, or a
@@ -111,12 +118,18 @@ type Config struct {
 	// the keys (possibly API keys) under mitigation to anyone who can reach
 	// the port.
 	HideMitigations bool
-	Logger          *slog.Logger
+	// TopKeys is the size of the sketch of the most limited keys, served at
+	// GET /v1/top (unless HideMitigations) and as edgelimit_top_limited_keys;
+	// 0 keeps none.
+	TopKeys int
+	Logger  *slog.Logger
 	// Ready, when set, receives the address the API listens on once it does.
 	Ready chan<- net.Addr
 	// GRPCReady, when set with GRPCListen, receives the address the gRPC
 	// service listens on once it does.
 	GRPCReady chan<- net.Addr
+	// QuotaConfig configures tenant quotas and the admin API (quotas.go).
+	QuotaConfig
 }
 
 // DefaultReadTimeout is Config.ReadTimeout's default: how long a client may
@@ -174,7 +187,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if len(cfg.Rules) == 0 {
 		return errors.New("no rule files: give --rules a file or a directory (see deploy/examples/rules.yaml)")
 	}
-	set, warns, err := rules.Load(cfg.Rules...)
+	set, warns, err := rules.LoadWith(rules.Options{MergeDomains: cfg.MergeDomains}, cfg.Rules...)
 	if err != nil {
 		return fmt.Errorf("rules: %w", err)
 	}
@@ -230,6 +243,14 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	eng := pop.NewEngine(st, set, metrics)
+	eng.SetCountDenied(cfg.CountDeniedHits)
+	var top *topkeys.Sketch
+	if cfg.TopKeys > 0 {
+		top = topkeys.New(cfg.TopKeys)
+		eng.UseTopKeys(top)
+		reg.MustRegister(top.Collector(TopKeysMetric, rules.DescribeKey))
+	}
+	eng.UseLeases(leaserFor(counts))
 	var mit *pop.Mitigations
 	if cfg.Replica != "" {
 		mit = pop.NewMitigations(cfg.Replica)
@@ -272,6 +293,11 @@ func Run(ctx context.Context, cfg Config) error {
 			return nil
 		}
 	}
+	stopQuotas, adminErr, err := startQuotas(ctx, cfg, eng, reg, log)
+	if err != nil {
+		return err
+	}
+	defer stopQuotas()
 	replErr := make(chan error, 1)
 	if cfg.Replicate != nil {
 		setClock := func(d time.Duration) {
@@ -290,6 +316,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// they changed since the load above) and swaps them in.
 	watcher := rules.NewWatcher(cfg.Rules, cfg.RulesInterval, log)
 	watcher.AllowEmpty = cfg.AllowEmptyRules
+	watcher.Options.MergeDomains = cfg.MergeDomains
 	go watcher.Run(ctx,
 		func(s *rules.Set, warns []rules.Warning) {
 			for _, w := range warns {
@@ -308,19 +335,25 @@ func Run(ctx context.Context, cfg Config) error {
 	api := httpapi.New(httpapi.Config{
 		Engine:          eng,
 		Mitigations:     mit,
+		TopKeys:         top,
 		Metrics:         metrics,
 		MetricsHandler:  promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
 		Ready:           ready,
 		MaxBodyMemory:   cfg.MaxBodyMemory,
 		HideMitigations: cfg.HideMitigations,
+		DecodeProto:     grpcapi.DecodeJSON,
 		Logger:          log,
 	})
+	// /json beside /v1/check: Envoy's ratelimit's own JSON endpoint.
+	mux := http.NewServeMux()
+	mux.Handle("/json", grpcapi.NewJSONHandler(grpcapi.Config{Engine: eng, Metrics: metrics, Logger: log}))
+	mux.Handle("/", api)
 	readTimeout := cfg.ReadTimeout
 	if readTimeout <= 0 {
 		readTimeout = DefaultReadTimeout
 	}
 	srv := &http.Server{
-		Handler: api,
+		Handler: mux,
 		// ReadTimeout covers a request's headers and body: a client that
 		// trickles its body is cut off (408) instead of holding a handler.
 		ReadTimeout:       readTimeout,
@@ -371,6 +404,8 @@ func Run(ctx context.Context, cfg Config) error {
 		if err != nil && ctx.Err() == nil {
 			return fmt.Errorf("replication: %w", err)
 		}
+	case err := <-adminErr:
+		return err
 	case <-ctx.Done():
 	}
 	log.Info("shutting down")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -60,11 +61,19 @@ const (
 	maxWork = 1 << 18
 )
 
-// Envoy ratelimit fields that edgelimit accepts and ignores, with a warning.
-var (
-	envoyDescriptorFields = []string{"detailed_metric", "value_to_metric", "share_threshold"}
-	envoyRateLimitFields  = []string{"replaces"}
-)
+// Envoy ratelimit fields that edgelimit accepts and ignores, with a warning:
+// metric naming (detailed_metric, value_to_metric) and metadata,
+// which Envoy's ratelimit returns only as dynamic metadata.
+var envoyDescriptorFields = []string{"detailed_metric", "value_to_metric", "metadata"}
+
+// Options change how rule files load.
+type Options struct {
+	// MergeDomains lets several files define one domain: their descriptors
+	// are joined into one tree, as Envoy's ratelimit does with
+	// MERGE_DOMAIN_CONFIG. A descriptor defined twice is still an error.
+	// Without it, a domain defined in two files is an error.
+	MergeDomains bool
+}
 
 // Load reads rule files and builds a Set. Each path is a file or a directory;
 // a directory contributes its *.yaml and *.yml files in name order, not
@@ -80,11 +89,16 @@ var (
 // and line; errors of several files are joined. On error the Set is nil and
 // the warnings found so far are still returned. Load never panics.
 func Load(paths ...string) (*Set, []Warning, error) {
+	return LoadWith(Options{}, paths...)
+}
+
+// LoadWith is Load with options.
+func LoadWith(o Options, paths ...string) (*Set, []Warning, error) {
 	files, warns, err := readFiles(paths)
 	if err != nil {
 		return nil, warns, err
 	}
-	set, w, err := build(files)
+	set, w, err := build(files, o)
 	return set, append(warns, w...), err
 }
 
@@ -199,12 +213,12 @@ func readFile(name string) ([]byte, error) {
 
 // build parses files and assembles the Set. Each file is checked completely,
 // so one run reports the errors of every file.
-func build(files []ruleFile) (*Set, []Warning, error) {
+func build(files []ruleFile, o Options) (*Set, []Warning, error) {
 	var (
 		domains []*Domain
 		warns   []Warning
 		errs    []error
-		seen    = map[string]string{} // domain -> file
+		seen    = map[string]*Domain{}
 	)
 	for _, f := range files {
 		d, w, fileErrs := parseFile(f.name, f.data)
@@ -214,11 +228,20 @@ func build(files []ruleFile) (*Set, []Warning, error) {
 			continue
 		}
 		if first, dup := seen[d.Name]; dup {
-			errs = append(errs, &Error{File: f.name, Msg: fmt.Sprintf("domain %q is already defined in %s; one file per domain", d.Name, first)})
+			if !o.MergeDomains {
+				errs = append(errs, &Error{File: f.name, Msg: fmt.Sprintf("domain %q is already defined in %s; one file per domain (or merge them with --merge-domains)", d.Name, first.File)})
+				continue
+			}
+			if err := first.merge(d); err != nil {
+				errs = append(errs, &Error{File: f.name, Msg: err.Error()})
+			}
 			continue
 		}
-		seen[d.Name] = f.name
+		seen[d.Name] = d
 		domains = append(domains, d)
+	}
+	for _, d := range domains {
+		d.resolveReplaces()
 	}
 	if len(errs) > 0 {
 		return nil, warns, errors.Join(errs...)
@@ -498,7 +521,7 @@ func (p *parser) list(f field, what string) ([]*yaml.Node, bool) {
 
 // domain parses the top level of a rule file.
 func (p *parser) domain(n *yaml.Node) *Domain {
-	m := p.mapping(n, "the rule file", []string{"domain", "descriptors", "forward_auth"}, nil)
+	m := p.mapping(n, "the rule file", []string{"domain", "descriptors", "forward_auth", "tenants"}, nil)
 	if m == nil {
 		return nil
 	}
@@ -518,13 +541,19 @@ func (p *parser) domain(n *yaml.Node) *Domain {
 	root := &Node{}
 	if f, ok := m["descriptors"]; ok {
 		items, _ := p.list(f, "descriptors")
-		p.descriptors(items, "", root, 1)
+		p.descriptors(items, "", root, 1, nil)
 	}
 	d := NewDomain(name, p.file, root)
 	if f, ok := m["forward_auth"]; ok {
 		d.ForwardAuth = p.forwardAuth(f)
 	}
+	if f, ok := m["tenants"]; ok {
+		d.Tenants = p.tenants(f)
+	}
 	p.nameLimits()
+	if d.Tenants != nil {
+		d.Tenants.finish(root)
+	}
 	for _, l := range p.limits {
 		l.Domain = name
 	}
@@ -532,7 +561,10 @@ func (p *parser) domain(n *yaml.Node) *Domain {
 }
 
 // descriptors parses one descriptor list below node, whose path is path.
-func (p *parser) descriptors(items []*yaml.Node, path string, node *Node, depth int) {
+//
+// shared holds, for each level above, the wildcard value whose matches share
+// one counter (share_threshold), or "".
+func (p *parser) descriptors(items []*yaml.Node, path string, node *Node, depth int, shared []string) {
 	type sibling struct{ key, value string }
 	seen := map[sibling]int{}
 	for _, item := range items {
@@ -540,7 +572,7 @@ func (p *parser) descriptors(items []*yaml.Node, path string, node *Node, depth 
 			p.errorf(item, "descriptors nest deeper than %d levels", maxDepth)
 			return
 		}
-		m := p.mapping(item, "descriptor", []string{"key", "value", "rate_limit", "rate_limits", "shadow_mode", "descriptors"}, envoyDescriptorFields)
+		m := p.mapping(item, "descriptor", []string{"key", "value", "rate_limit", "rate_limits", "shadow_mode", "quota_mode", "share_threshold", "descriptors", "concurrency"}, envoyDescriptorFields)
 		if m == nil {
 			continue
 		}
@@ -577,21 +609,37 @@ func (p *parser) descriptors(items []*yaml.Node, path string, node *Node, depth 
 		// descriptor beside it (it "whitelists" that value).
 		child := node.Child(key, value)
 
-		shadow := false
+		shadow, quota := false, false
 		if f, ok := m["shadow_mode"]; ok {
 			shadow, _ = p.boolean(f, "shadow_mode")
 		}
-		p.descriptorLimits(m, childPath, child, shadow)
+		if f, ok := m["quota_mode"]; ok {
+			quota, _ = p.boolean(f, "quota_mode")
+		}
+		share := ""
+		if f, ok := m["share_threshold"]; ok {
+			if on, _ := p.boolean(f, "share_threshold"); on {
+				if !strings.Contains(value, "*") {
+					p.errorf(f.key, "share_threshold applies to a wildcard value (one holding '*'), got value %q", value)
+				}
+				share = value
+			}
+		}
+		levels := append(slices.Clip(shared), share)
+		p.descriptorLimits(m, childPath, child, shadow, quota, levels)
+		if f, ok := m["concurrency"]; ok {
+			p.concurrency(f, childPath, child, shadow)
+		}
 		if f, ok := m["descriptors"]; ok {
 			sub, _ := p.list(f, "descriptors")
-			p.descriptors(sub, childPath, child, depth+1)
+			p.descriptors(sub, childPath, child, depth+1, levels)
 		}
 	}
 }
 
 // descriptorLimits parses rate_limit or rate_limits of one descriptor and
 // adds the limits to node.
-func (p *parser) descriptorLimits(m map[string]field, path string, node *Node, shadow bool) {
+func (p *parser) descriptorLimits(m map[string]field, path string, node *Node, shadow, quota bool, shared []string) {
 	one, hasOne := m["rate_limit"]
 	many, hasMany := m["rate_limits"]
 	var objs []field
@@ -622,9 +670,9 @@ func (p *parser) descriptorLimits(m map[string]field, path string, node *Node, s
 	}
 
 	type counter struct {
-		alg   limit.Algorithm
-		unit  Unit
-		scope Scope
+		alg    limit.Algorithm
+		window time.Duration
+		scope  Scope
 	}
 	seen := map[counter]int{}
 	var limits []*Limit
@@ -634,14 +682,17 @@ func (p *parser) descriptorLimits(m map[string]field, path string, node *Node, s
 		if !ok {
 			continue
 		}
-		l.Path, l.Shadow = path, shadow
+		l.Path, l.Shadow, l.QuotaMode = path, shadow, quota
+		if slices.ContainsFunc(shared, func(s string) bool { return s != "" }) {
+			l.Shared = shared
+		}
 		if l.Unlimited && len(objs) > 1 {
 			p.errorf(f.key, "an unlimited limit cannot share a descriptor with other limits")
 			continue
 		}
-		c := counter{l.Spec.Algorithm, l.Unit, l.Scope}
+		c := counter{l.Spec.Algorithm, l.Window(), l.Scope}
 		if first, dup := seen[c]; dup {
-			p.errorf(f.key, "two limits with algorithm %s, unit %s and scope %s would share one counter (first at line %d)", c.alg, c.unit, c.scope, first)
+			p.errorf(f.key, "two limits with algorithm %s, window %v and scope %s would share one counter (first at line %d)", c.alg, c.window, c.scope, first)
 			continue
 		}
 		seen[c] = line(f.key)
@@ -664,7 +715,7 @@ func (p *parser) descriptorLimits(m map[string]field, path string, node *Node, s
 // rateLimit parses one rate_limit object. f.key is where messages point for
 // the object as a whole.
 func (p *parser) rateLimit(f field) (l *Limit, hasName, ok bool) {
-	m := p.mapping(f.val, "rate_limit", []string{"unit", "requests_per_unit", "unlimited", "name", "algorithm", "burst", "scope", "fail_closed", "mitigation"}, envoyRateLimitFields)
+	m := p.mapping(f.val, "rate_limit", []string{"unit", "unit_multiplier", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "scope", "fail_closed", "mitigation"}, nil)
 	if m == nil {
 		return nil, false, false
 	}
@@ -676,8 +727,12 @@ func (p *parser) rateLimit(f field) (l *Limit, hasName, ok bool) {
 	if g, ok := m["unit"]; ok {
 		if s, ok := p.str(g, "unit"); ok {
 			u, err := ParseUnit(s)
-			if err != nil {
+			switch {
+			case err != nil && !l.Unlimited:
 				p.errorf(g.val, "unit: %v", err)
+			case err == nil && l.Unlimited:
+				// As Envoy's ratelimit: a unit says the limit is not unlimited.
+				p.errorf(g.val, "an unlimited limit takes no unit, got %q", s)
 			}
 			l.Unit = u
 		}
@@ -696,6 +751,14 @@ func (p *parser) rateLimit(f field) (l *Limit, hasName, ok bool) {
 		}
 	} else if !l.Unlimited {
 		p.errorf(f.key, "rate_limit has no requests_per_unit (0 denies every request)")
+	}
+	if g, ok := m["unit_multiplier"]; ok {
+		if v, ok := p.integer(g, "unit_multiplier"); ok {
+			if v < 1 || time.Duration(v) > MaxWindow/l.Unit.Duration() {
+				p.errorf(g.val, "unit_multiplier must be between 1 and %d for unit %s (a window of at most %v), got %d", int64(MaxWindow/l.Unit.Duration()), l.Unit, MaxWindow, v)
+			}
+			l.Multiplier = uint32(min(max(v, 0), math.MaxUint32))
+		}
 	}
 	if g, ok := m["algorithm"]; ok {
 		if s, ok := p.str(g, "algorithm"); ok {
@@ -729,16 +792,9 @@ func (p *parser) rateLimit(f field) (l *Limit, hasName, ok bool) {
 			}
 		}
 	}
-	if g, ok := m["name"]; ok {
-		if s, ok := p.str(g, "name"); ok && s != "" {
-			if i := strings.IndexFunc(s, badNameRune); i >= 0 {
-				p.errorf(g.val, "name %q: character %q is not allowed (want printable ASCII without \" or \\)", s, s[i])
-			}
-			l.Name, hasName = s, true
-		}
-	}
-	if g, ok := m["fail_closed"]; ok {
-		l.FailClosed, _ = p.boolean(g, "fail_closed")
+	hasName = p.nameAndFailClosed(m, l, "")
+	if g, ok := m["replaces"]; ok {
+		l.replaces = p.replaces(g, l.configured)
 	}
 	if g, ok := m["mitigation"]; ok {
 		mm := p.mapping(g.val, "mitigation", []string{"duration"}, nil)
@@ -763,12 +819,59 @@ func (p *parser) rateLimit(f field) (l *Limit, hasName, ok bool) {
 	if len(p.errs) > errs {
 		return nil, false, false
 	}
-	l.Spec.Window = int64(l.Unit.Duration())
+	l.Spec.Window = int64(l.Window())
 	if err := l.Spec.Validate(); err != nil {
 		p.errorf(f.key, "rate_limit: %v", err)
 		return nil, false, false
 	}
 	return l, hasName, true
+}
+
+// replaces parses a rate_limit's replaces: a list of {name: ...}, none of
+// them empty or the limit's own name (self), as Envoy's ratelimit demands.
+func (p *parser) replaces(f field, self string) []string {
+	items, ok := p.list(f, "replaces")
+	if !ok {
+		return nil
+	}
+	var names []string
+	for _, it := range items {
+		m := p.mapping(it, "replaces entry", []string{"name"}, nil)
+		if m == nil {
+			continue
+		}
+		var name string
+		if g, ok := m["name"]; ok {
+			name, _ = p.str(g, "replaces name")
+		}
+		switch {
+		case name == "":
+			p.errorf(it, "replaces entry has no name; name the limit it replaces")
+		case name == self:
+			p.errorf(it, "replaces names the limit itself (%q)", name)
+		default:
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// nameAndFailClosed reads the name and fail_closed fields of a limit's
+// mapping m into l (what prefixes the field names in messages, e.g.
+// "concurrency."), and reports whether a name was configured.
+func (p *parser) nameAndFailClosed(m map[string]field, l *Limit, what string) (hasName bool) {
+	if g, ok := m["name"]; ok {
+		if s, ok := p.str(g, what+"name"); ok && s != "" {
+			if i := strings.IndexFunc(s, badNameRune); i >= 0 {
+				p.errorf(g.val, "name %q: character %q is not allowed (want printable ASCII without \" or \\)", s, s[i])
+			}
+			l.Name, l.configured, hasName = s, s, true
+		}
+	}
+	if g, ok := m["fail_closed"]; ok {
+		l.FailClosed, _ = p.boolean(g, what+"fail_closed")
+	}
+	return hasName
 }
 
 // badNameRune reports a character that a policy name may not hold: it is

@@ -150,7 +150,7 @@ func TestLoadEnvoyExamples(t *testing.T) {
 			{"placeholder has no limit", entries("message_type=marketing"), nil},
 		}},
 		{"envoy_replaces.yaml", "example7",
-			[]string{"testdata/envoy_replaces.yaml:19: replaces is not implemented by edgelimit and is ignored"},
+			nil,
 			[]matchCase{
 				{"named", entries("key_1=value_1", "user=bkthomps"), []string{"specific_limit: 5/second sliding_window pop"}},
 				{"replacing", entries("key_2=value_2", "user=bkthomps"), []string{"key_2=value_2.user=bkthomps: 10/second sliding_window pop"}},
@@ -202,8 +202,6 @@ func TestLoadAccepts(t *testing.T) {
 			entries("port=8080"), []string{"port=8080: 3/minute sliding_window pop"}, nil},
 		{"yaml 1.1 booleans", "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: yes\n    rate_limit: {unit: hour, requests_per_unit: 3, fail_closed: on}\n",
 			entries("k=v"), []string{"k: 3/hour sliding_window pop shadow fail_closed"}, nil},
-		{"unlimited with unit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: day, requests_per_unit: 0}\n",
-			entries("k=v"), []string{"k: 0/day sliding_window pop unlimited"}, nil},
 		{"anchors and merge keys", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: &base {unit: minute, requests_per_unit: 7}\n  - key: b\n    rate_limit:\n      <<: *base\n      requests_per_unit: 9\n",
 			entries("b=x"), []string{"b: 9/minute sliding_window pop"}, nil},
 		{"empty rate_limit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n",
@@ -212,7 +210,6 @@ func TestLoadAccepts(t *testing.T) {
 			entries("k=vip"), nil, nil},
 		{"envoy-only descriptor fields", "domain: d\ndescriptors:\n  - key: k\n    value: v*\n    share_threshold: true\n    value_to_metric: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
 			entries("k=v1"), []string{"k=v*: 1/second sliding_window pop"}, []string{
-				"rules.yaml:5: share_threshold is not implemented by edgelimit and is ignored",
 				"rules.yaml:6: value_to_metric is not implemented by edgelimit and is ignored",
 			}},
 		{"all algorithms", "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n" +
@@ -343,7 +340,13 @@ descriptors:
 		{"rate_limit and rate_limits", head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n    rate_limits: []\n", 5, []string{"rate_limit or rate_limits, not both"}},
 		{"empty rate_limits", head + "  - key: k\n    rate_limits: []\n", 4, []string{"rate_limits must list at least one limit"}},
 		{"shared counter", head + "  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 1}\n      - {unit: minute, requests_per_unit: 1}\n      - {unit: second, requests_per_unit: 5, algorithm: sliding_window, scope: pop}\n",
-			7, []string{"algorithm sliding_window, unit second and scope pop would share one counter (first at line 5)"}},
+			7, []string{"algorithm sliding_window, window 1s and scope pop would share one counter (first at line 5)"}},
+		{"unlimited with unit", head + "  - key: k\n    rate_limit: {unlimited: true, unit: day, requests_per_unit: 0}\n", 4, []string{`an unlimited limit takes no unit, got "day"`}},
+		{"replaces itself", head + "  - key: k\n    rate_limit:\n      name: me\n      unit: day\n      requests_per_unit: 1\n      replaces: [{name: me}]\n", 8, []string{`replaces names the limit itself ("me")`}},
+		{"replaces nothing", head + "  - key: k\n    rate_limit:\n      unit: day\n      requests_per_unit: 1\n      replaces: [{name: }]\n", 7, []string{"replaces entry has no name"}},
+		{"share_threshold without wildcard", head + "  - key: k\n    value: v\n    share_threshold: true\n    rate_limit: {unit: day, requests_per_unit: 1}\n", 5, []string{`share_threshold applies to a wildcard value (one holding '*'), got value "v"`}},
+		{"unit_multiplier 0", head + "  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1, unit_multiplier: 0}\n", 4, []string{"unit_multiplier must be between 1 and 3650 for unit day"}},
+		{"window over ten years", head + "  - key: k\n    rate_limit: {unit: year, requests_per_unit: 1, unit_multiplier: 11}\n", 4, []string{"unit_multiplier must be between 1 and 10 for unit year"}},
 		{"unlimited among limits", head + "  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 1}\n      - {unlimited: true}\n", 6, []string{"unlimited limit cannot share a descriptor"}},
 		{"typo in rate_limits entry", head + "  - key: k\n    rate_limits:\n      - unit: second\n        requests_per_units: 1\n", 6, []string{`unknown field "requests_per_units" in rate_limit`}},
 		{"bad name", head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, name: 'a\"b'}\n", 4, []string{`name "a\"b"`, "not allowed"}},
@@ -467,7 +470,7 @@ func FuzzLoad(f *testing.F) {
 	f.Add([]byte("domain: d\ndescriptors:\n  - &x {key: k, descriptors: [{<<: *x, value: a}, {<<: *x, value: b}]}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		// build is Load after reading the files.
-		set, _, err := build([]ruleFile{{"fuzz.yaml", data}})
+		set, _, err := build([]ruleFile{{"fuzz.yaml", data}}, Options{})
 		if err != nil {
 			return
 		}

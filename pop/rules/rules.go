@@ -35,11 +35,21 @@ const (
 	Minute
 	Hour
 	Day
+	// Week, Month and Year are fixed lengths, as Envoy's ratelimit counts
+	// them: 7, 30 and 365 days, windows aligned to the Unix epoch like every
+	// other unit (not to calendar months or years).
+	Week
+	Month
+	Year
 )
 
-var unitNames = [...]string{"second", "minute", "hour", "day"}
-var unitUpper = [...]string{"SECOND", "MINUTE", "HOUR", "DAY"}
-var unitDurations = [...]time.Duration{time.Second, time.Minute, time.Hour, 24 * time.Hour}
+var unitNames = [...]string{"second", "minute", "hour", "day", "week", "month", "year"}
+var unitUpper = [...]string{"SECOND", "MINUTE", "HOUR", "DAY", "WEEK", "MONTH", "YEAR"}
+var unitDurations = [...]time.Duration{time.Second, time.Minute, time.Hour, 24 * time.Hour, 7 * 24 * time.Hour, 30 * 24 * time.Hour, 365 * 24 * time.Hour}
+
+// MaxWindow bounds a limit's window (unit × unit_multiplier): ten years.
+// Windows are nanoseconds in an int64, and a store keeps two of them.
+const MaxWindow = 10 * 365 * 24 * time.Hour
 
 func (u Unit) String() string {
 	if int(u) < len(unitNames) {
@@ -82,7 +92,7 @@ func ParseUnit(s string) (Unit, error) {
 			return Unit(i), nil
 		}
 	}
-	return 0, fmt.Errorf("unknown unit %q (want second, minute, hour or day)", s)
+	return 0, fmt.Errorf("unknown unit %q (want second, minute, hour, day, week, month or year)", s)
 }
 
 // Scope says which replicas' hits a limit counts; see limit.Scope.
@@ -118,10 +128,17 @@ type Limit struct {
 	// Together with Name they label metrics, so they are bounded by the rule file.
 	Domain, Path string
 	Unit         Unit
-	Spec         limit.Spec
-	Scope        Scope
+	// Multiplier is unit_multiplier: the window is Multiplier units (a
+	// custom window such as 5 minutes). 0 and 1 both mean one unit.
+	Multiplier uint32
+	Spec       limit.Spec
+	Scope      Scope
 	// Shadow limits are counted and reported but never deny (shadow_mode).
 	Shadow bool
+	// QuotaMode limits (Envoy's quota_mode) deny a request only together: it
+	// is over when every descriptor of it that matched a quota-mode limit is
+	// over one; otherwise they are counted like shadow limits.
+	QuotaMode bool
 	// Unlimited descriptors match and stop the search but count nothing.
 	Unlimited bool
 	// FailClosed denies instead of deciding on local knowledge when the
@@ -132,6 +149,24 @@ type Limit struct {
 	// scope (a ban); when zero, a crossing is mitigated until the sliding
 	// estimate falls back under the limit.
 	Mitigation time.Duration
+	// LeaseTTL, when set, makes this a concurrency limit (a descriptor's
+	// concurrency field; see Concurrent).
+	LeaseTTL time.Duration
+	// Replaces are the limits this one replaces (Envoy's replaces): when a
+	// request matches this limit, the limits listed here do not apply to it.
+	Replaces []*Limit
+	// Shared, when set, holds for each entry of the descriptor the wildcard
+	// pattern whose matches share one counter (Envoy's share_threshold), or
+	// "" where the entry's own value names the counter.
+	Shared []string
+
+	configured string   // the configured name, "" when derived
+	replaces   []string // names of the limits it replaces, until resolved
+}
+
+// Window is the limit's window: its unit times its multiplier.
+func (l *Limit) Window() time.Duration {
+	return l.Unit.Duration() * time.Duration(max(l.Multiplier, 1))
 }
 
 // AppendKey appends the store key of this limit for a request whose descriptor
@@ -139,13 +174,51 @@ type Limit struct {
 // algorithms, units or scopes never collide: every part is length-prefixed, so
 // no value can forge a separator. The limit's quota is not part of the key, so
 // a reload that changes requests_per_unit keeps the counts.
+//
+// The key ends in 0, algorithm, unit, scope; a limit whose unit_multiplier is
+// above 1 puts the multiplier (4 bytes, big-endian) after the 0 and sets the
+// unit byte's high bit, so the keys of plain units are as they always were.
 func (l *Limit) AppendKey(dst []byte, entries []Entry) []byte {
 	dst = appendPart(dst, l.Domain)
-	for _, e := range entries {
+	for i, e := range entries {
 		dst = appendPart(dst, e.Key)
+		if i < len(l.Shared) && l.Shared[i] != "" {
+			dst = appendPart(dst, l.Shared[i])
+			continue
+		}
 		dst = appendPart(dst, e.Value)
 	}
+	if l.Multiplier > 1 {
+		dst = append(dst, 0)
+		dst = binary.BigEndian.AppendUint32(dst, l.Multiplier)
+		return append(dst, byte(l.Spec.Algorithm), byte(l.Unit)|multiplied, byte(l.Scope))
+	}
 	return append(dst, 0, byte(l.Spec.Algorithm), byte(l.Unit), byte(l.Scope))
+}
+
+// multiplied marks the unit byte of a key whose suffix holds a multiplier.
+const multiplied = 0x80
+
+// keySuffix splits the suffix of a store key built by AppendKey: the length
+// of the suffix (from its 0 byte), algorithm, unit, multiplier and scope.
+func keySuffix(key string) (n int, alg limit.Algorithm, unit Unit, mult uint32, scope limit.Scope, ok bool) {
+	k := len(key)
+	if k < 4 {
+		return 0, 0, 0, 0, 0, false
+	}
+	u := key[k-2]
+	n, mult = 4, 1
+	if u&multiplied != 0 {
+		if k < 8 {
+			return 0, 0, 0, 0, 0, false
+		}
+		n, mult = 8, binary.BigEndian.Uint32([]byte(key[k-7:k-3]))
+		u &^= multiplied
+	}
+	if key[k-n] != 0 || int(u) >= len(unitDurations) {
+		return 0, 0, 0, 0, 0, false
+	}
+	return n, limit.Algorithm(key[k-3]), Unit(u), mult, limit.Scope(key[k-1]), true
 }
 
 // DescribeKey renders a store key built by AppendKey for people: the domain,
@@ -177,29 +250,32 @@ func DescribeKey(key string) string {
 		}
 		parts = append(parts, k+"="+v)
 	}
-	if len(rest) != 4 || int(rest[2]) >= len(unitNames) {
+	n, alg, unit, mult, scope, ok := keySuffix(rest)
+	if !ok || n != len(rest) {
 		return strconv.Quote(key)
 	}
-	return fmt.Sprintf("%s (%s %s %s)", strings.Join(parts, " "), Unit(rest[2]), limit.Algorithm(rest[1]), limit.Scope(rest[3]))
+	window := unit.String()
+	if mult > 1 {
+		window = strconv.FormatUint(uint64(mult), 10) + "×" + window
+	}
+	return fmt.Sprintf("%s (%s %s %s)", strings.Join(parts, " "), window, alg, scope)
 }
 
 // KeyWindow returns the window length of a store key built by AppendKey,
 // read from its suffix, and false for a key AppendKey did not build.
 func KeyWindow(key string) (time.Duration, bool) {
-	n := len(key)
-	if n < 4 || key[n-4] != 0 || int(key[n-2]) >= len(unitDurations) {
+	_, _, unit, mult, _, ok := keySuffix(key)
+	if !ok {
 		return 0, false
 	}
-	return unitDurations[key[n-2]], true
+	return unit.Duration() * time.Duration(mult), true
 }
 
 // KeyScope returns the scope of a store key built by AppendKey, read from its
 // suffix, and false for a key AppendKey did not build.
 func KeyScope(key string) (limit.Scope, bool) {
-	if _, ok := KeyWindow(key); !ok {
-		return 0, false
-	}
-	return limit.Scope(key[len(key)-1]), true
+	_, _, _, _, scope, ok := keySuffix(key)
+	return scope, ok
 }
 
 func appendPart(dst []byte, s string) []byte {
@@ -246,6 +322,11 @@ func (s *Set) Limits() []*Limit {
 	var out []*Limit
 	for _, d := range s.domains {
 		out = d.root.collect(out)
+		if t := d.Tenants; t != nil {
+			for _, name := range t.names {
+				out = append(out, t.tiers[name]...)
+			}
+		}
 	}
 	return out
 }
@@ -259,6 +340,9 @@ type Domain struct {
 	// ForwardAuth derives descriptors from a proxy's sub-request; nil when
 	// the domain does not serve /v1/authz.
 	ForwardAuth *ForwardAuth
+	// Tenants, when set, are the domain's tiers and tenant entry (tenant.go).
+	Tenants  *Tenants
+	replaces bool // a limit has Replaces
 }
 
 // NewDomain returns a domain whose descriptor tree is root.
@@ -277,7 +361,35 @@ type Node struct {
 type keyNode struct {
 	values   map[string]*Node // exact value
 	prefixes []prefixNode     // value "abc*", longest first
+	globs    []globNode       // values with '*' elsewhere ("a*b", "a*b*"), in file order
 	any      *Node            // no value: every value gets its own counter
+}
+
+// globNode is a wildcard value with a '*' before its end, split on '*'.
+type globNode struct {
+	pattern string
+	parts   []string
+	node    *Node
+}
+
+// globMatch reports whether v matches the pattern split on '*' into parts
+// (at least two): v starts with the first part, ends with the last, and holds
+// the middle ones in order between them; each '*' matches any run of bytes,
+// the empty one too.
+func globMatch(parts []string, v string) bool {
+	first, last := parts[0], parts[len(parts)-1]
+	if len(v) < len(first)+len(last) || !strings.HasPrefix(v, first) || !strings.HasSuffix(v, last) {
+		return false
+	}
+	mid := v[len(first) : len(v)-len(last)]
+	for _, p := range parts[1 : len(parts)-1] {
+		i := strings.Index(mid, p)
+		if i < 0 {
+			return false
+		}
+		mid = mid[i+len(p):]
+	}
+	return true
 }
 
 type prefixNode struct {
@@ -287,7 +399,8 @@ type prefixNode struct {
 
 // Child returns the child for key and value, creating it. An empty value
 // matches every value; a value ending in '*' matches every value with that
-// prefix (as Envoy's wildcard does).
+// prefix, and a '*' elsewhere matches any run of bytes there (as Envoy's
+// wildcards do).
 func (n *Node) Child(key, value string) *Node {
 	if n.children == nil {
 		n.children = make(map[string]*keyNode)
@@ -303,6 +416,15 @@ func (n *Node) Child(key, value string) *Node {
 			kn.any = &Node{}
 		}
 		return kn.any
+	case strings.Contains(strings.TrimSuffix(value, "*"), "*"):
+		for _, g := range kn.globs {
+			if g.pattern == value {
+				return g.node
+			}
+		}
+		c := &Node{}
+		kn.globs = append(kn.globs, globNode{value, strings.Split(value, "*"), c})
+		return c
 	case strings.HasSuffix(value, "*"):
 		p := strings.TrimSuffix(value, "*")
 		for _, pn := range kn.prefixes {
@@ -345,6 +467,9 @@ func (n *Node) collect(out []*Limit) []*Limit {
 		for _, p := range kn.prefixes {
 			out = p.node.collect(out)
 		}
+		for _, g := range kn.globs {
+			out = g.node.collect(out)
+		}
 		if kn.any != nil {
 			out = kn.any.collect(out)
 		}
@@ -354,7 +479,8 @@ func (n *Node) collect(out []*Limit) []*Limit {
 
 // Match returns the limits of the descriptor entries, following Envoy's
 // ratelimit semantics: each entry in turn selects a child by exact value, then
-// by the longest wildcard prefix, then by key alone; the limits are those of
+// by the longest wildcard prefix ("abc*"), then by the first other wildcard
+// pattern in file order ("a*b", "a*b*c"), then by key alone; the limits are those of
 // the node the last entry reaches. A descriptor that leaves the tree early, or
 // ends on a node without limits, matches nothing. The result aliases the rule
 // set: do not modify it. Match does not allocate.
@@ -370,6 +496,14 @@ func (d *Domain) Match(entries []Entry) []*Limit {
 			for _, p := range kn.prefixes {
 				if strings.HasPrefix(e.Value, p.prefix) {
 					next = p.node
+					break
+				}
+			}
+		}
+		if next == nil {
+			for i := range kn.globs {
+				if globMatch(kn.globs[i].parts, e.Value) {
+					next = kn.globs[i].node
 					break
 				}
 			}

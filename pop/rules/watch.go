@@ -31,6 +31,8 @@ const DefaultWatchInterval = time.Second
 type Watcher struct {
 	// AllowEmpty lets a rule set without limits load. Set it before Run.
 	AllowEmpty bool
+	// Options are how the files load (merging domains). Set them before Run.
+	Options Options
 
 	paths    []string
 	interval time.Duration
@@ -99,7 +101,7 @@ func (w *Watcher) load(files []ruleFile, warns []Warning, readErr error, onLoad 
 		onError(readErr)
 		return
 	}
-	set, more, err := build(files)
+	set, more, err := build(files, w.Options)
 	if err != nil {
 		onError(err)
 		return

@@ -508,6 +508,7 @@ type request struct {
 	deadline time.Time
 	hits     int64
 	shadow   []bool
+	cd       []bool // items[i] counts denied hits (check.lua's shadow 2)
 	res      []limit.Decision
 	calls    []call
 	// multi marks a Cluster check spanning slots: calls are peeks first,
@@ -537,10 +538,11 @@ type call struct {
 func (r *request) prepare(s *Redis, now, hits int64, items []limit.Item, deadline time.Time) {
 	r.state.Store(reqWaiting)
 	r.deadline, r.hits, r.err, r.multi = deadline, hits, nil, false
-	r.shadow = r.shadow[:0]
+	r.shadow, r.cd = r.shadow[:0], r.cd[:0]
 	r.res = r.res[:0]
 	for i := range items {
 		r.shadow = append(r.shadow, items[i].Shadow)
+		r.cd = append(r.cd, !items[i].Shadow && items[i].CountDenied && items[i].Spec.Algorithm != limit.SlidingLog)
 		r.res = append(r.res, limit.Decision{})
 	}
 	for i := range r.calls {
@@ -617,9 +619,12 @@ func (r *request) newCall(slot int) *call {
 // add appends item i of the request to c.
 func (c *call) add(s *Redis, kbuf []byte, i int, it *limit.Item, now int64) {
 	sp := it.Spec
-	var shadow byte
-	if it.Shadow {
+	var shadow byte // check.lua: 1 shadow, 2 counts denied hits
+	switch {
+	case it.Shadow:
 		shadow = 1
+	case it.CountDenied && sp.Algorithm != limit.SlidingLog:
+		shadow = 2
 	}
 	c.keys = append(c.keys, string(appendRedisKey(kbuf, it)))
 	c.idx = append(c.idx, i)
@@ -888,12 +893,25 @@ func (s *Redis) runBatch(batch []*request, sc *scratch) {
 			}
 		}
 		if !ok { // as limit.Decide: a denied request spends nothing
+			countDenied := false
 			for i := range r.res {
-				if r.res[i].Allowed {
+				countDenied = countDenied || r.cd[i]
+				switch {
+				case r.cd[i] && !r.res[i].Allowed:
+					r.res[i].Remaining = 0 // its hits are counted below
+				case r.res[i].Allowed && !r.cd[i]:
 					r.res[i].Remaining += r.hits
 				}
 			}
 			r.multi = false
+			if countDenied { // but its CountDenied items count the hits
+				for i := range r.calls {
+					c := &r.calls[i]
+					c.blob[callModeAt] = 'c'
+					c.vals, c.err = nil, nil
+					calls = append(calls, c)
+				}
+			}
 			continue
 		}
 		for i := range r.calls {

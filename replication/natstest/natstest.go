@@ -24,8 +24,16 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/edgelimit/edgelimit/deploy/lab/faultnet"
 	"github.com/edgelimit/edgelimit/replication"
 )
+
+// Proxy is the fault-injecting TCP relay on every link between regions:
+// faultnet.Proxy.
+type Proxy = faultnet.Proxy
+
+// NewProxy is faultnet.NewProxy: a Proxy on a free loopback port to target.
+func NewProxy(target string) (*Proxy, error) { return faultnet.NewProxy(target) }
 
 // Cluster is a set of regions, one embedded NATS server each. The first
 // region named is the hub: it accepts the leaf connections of every other

@@ -42,12 +42,17 @@ type Case struct {
 	Name   string
 	Limits []limit.Spec
 	Shadow []bool // optional, per limit
-	Steps  []Step
+	// CountDenied sets limit.Item.CountDenied on every item.
+	CountDenied bool
+	Steps       []Step
 }
 
 var (
 	minute = int64(time.Minute)
 	second = int64(time.Second)
+	week   = int64(7 * 24 * time.Hour)
+	month  = int64(30 * 24 * time.Hour)
+	year   = int64(365 * 24 * time.Hour)
 )
 
 // Cases is the shared table.
@@ -248,6 +253,103 @@ var Cases = []Case{
 			{At: 15*time.Hour + 6*time.Minute, Admitted: 1},
 		},
 	},
+	{
+		// Envoy's way (CountDenied): denied hits count, so a request that
+		// would fit after a denial of a larger one is denied too.
+		Name:        "counting denied hits keeps a client over",
+		Limits:      []limit.Spec{{Algorithm: limit.FixedWindow, Limit: 3, Window: minute}},
+		CountDenied: true,
+		Steps: []Step{
+			{At: 0, Hits: 2, Admitted: 1},
+			{At: time.Second, Hits: 2, Admitted: 0},
+			{At: 2 * time.Second, Admitted: 0, Want: []limit.Decision{{
+				Remaining: 0, RetryAfter: 58 * second, Reset: 58 * second,
+			}}},
+			{At: time.Minute, Admitted: 1},
+		},
+	},
+	{
+		Name: "counting denied hits spends the limits that had room",
+		Limits: []limit.Spec{
+			{Algorithm: limit.SlidingWindow, Limit: 100, Window: minute},
+			{Algorithm: limit.FixedWindow, Limit: 2, Window: minute},
+		},
+		CountDenied: true,
+		Steps: []Step{
+			{At: 0, Limit: []int{0, 1}, Times: 5, Admitted: 2, Want: []limit.Decision{
+				{Allowed: true, Remaining: 95, Reset: minute},
+				{Allowed: false, Remaining: 0, RetryAfter: minute, Reset: minute},
+			}},
+			{At: 0, Limit: []int{0}, Times: 96, Admitted: 95},
+		},
+	},
+	// Long and custom windows (week, month, year, unit_multiplier): fixed
+	// lengths aligned to the Unix epoch, as Envoy's ratelimit counts them.
+	{
+		// T0 is 464,040 s into the 30-day window that began 2024-01-18
+		// 00:00 UTC (658 × 2,592,000 s after the epoch); the next begins
+		// 2,127,960 s after T0.
+		Name:   "month windows are 30 days from the epoch",
+		Limits: []limit.Spec{{Algorithm: limit.FixedWindow, Limit: 2, Window: month}},
+		Steps: []Step{
+			{At: 0, Times: 3, Admitted: 2, Want: []limit.Decision{{
+				Remaining: 0, RetryAfter: 2127960 * second, Reset: 2127960 * second,
+			}}},
+			{At: 2127959 * time.Second, Admitted: 0},
+			{At: 2127960 * time.Second, Times: 3, Admitted: 2},
+		},
+	},
+	{
+		// The 365-day window holding T0 began 2023-12-19 00:00 UTC (54 ×
+		// 31,536,000 s); the next begins 28,479,960 s after T0. Half way
+		// through it, the previous year's 10 weigh 5.
+		Name:   "year sliding windows are 365 days from the epoch",
+		Limits: []limit.Spec{{Algorithm: limit.SlidingWindow, Limit: 10, Window: year}},
+		Steps: []Step{
+			{At: 0, Times: 10, Admitted: 10},
+			{At: 28479960 * time.Second, Admitted: 0},
+			{At: (28479960 + 15768000) * time.Second, Times: 6, Admitted: 5},
+		},
+	},
+	{
+		Name:   "a week's token bucket refills a token a day",
+		Limits: []limit.Spec{{Algorithm: limit.TokenBucket, Limit: 7, Window: week}},
+		Steps: []Step{
+			{At: 0, Times: 8, Admitted: 7},
+			{At: 24 * time.Hour, Times: 2, Admitted: 1},
+			{At: 72 * time.Hour, Times: 3, Admitted: 2},
+		},
+	},
+	{
+		Name:   "gcra over a year emits one a day",
+		Limits: []limit.Spec{{Algorithm: limit.GCRA, Limit: 365, Window: year}},
+		Steps: []Step{
+			{At: 0, Times: 366, Admitted: 365},
+			{At: 24 * time.Hour, Times: 2, Admitted: 1},
+		},
+	},
+	{
+		Name:   "sliding log over five minutes (unit_multiplier 5)",
+		Limits: []limit.Spec{{Algorithm: limit.SlidingLog, Limit: 3, Window: 5 * minute}},
+		Steps: []Step{
+			{At: 0, Times: 3, Admitted: 3},
+			{At: 5*time.Minute - time.Second, Admitted: 0},
+			{At: 5*time.Minute + time.Millisecond, Times: 4, Admitted: 3},
+		},
+	},
+	{
+		// T0 is 240 s into its 5-minute window (windows start at multiples
+		// of 300 s from the epoch), so the next starts 60 s later.
+		Name:   "five-minute windows align to the epoch",
+		Limits: []limit.Spec{{Algorithm: limit.FixedWindow, Limit: 1, Window: 5 * minute}},
+		Steps: []Step{
+			{At: 0, Admitted: 1},
+			{At: 59 * time.Second, Admitted: 0, Want: []limit.Decision{{
+				Remaining: 0, RetryAfter: second, Reset: second,
+			}}},
+			{At: 60 * time.Second, Admitted: 1},
+		},
+	},
 }
 
 // Run drives every case against a fresh store from newStore. Keys are unique
@@ -272,6 +374,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 					if c.Shadow != nil {
 						items[i].Shadow = c.Shadow[li]
 					}
+					items[i].CountDenied = c.CountDenied
 				}
 				hits, times := max(step.Hits, 1), max(step.Times, 1)
 				now := T0.Add(step.At).UnixNano()

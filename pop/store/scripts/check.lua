@@ -26,10 +26,13 @@
 --   mode: "d" = decide (limit.Decide: peek all, add when admitted);
 --         "p" = peek only (advance and peek; the only writes are the
 --               sliding log's expired entries, which advancing drops)
+--         "c" = count the hits of the items marked to count denied hits,
+--               and nothing else (a denied request spanning slots)
 --   hits (>= 1), now's hi part, now's lo part (now >= 0), n (its items)
 -- then its n items, each "<BBi8i8" and its algorithm's own fields:
 --   algorithm (0 sliding_window, 1 fixed_window, 2 token_bucket, 3 gcra,
---   4 sliding_log), shadow (0/1), limit, window (ns), then
+--   4 sliding_log), shadow (0, 1 shadow, 2 counts its hits even when the
+--   request is denied: limit.Item.CountDenied), limit, window (ns), then
 --     sliding_window, fixed_window "<i8i8i4B": window index
 --       floor(now / window), now - index*window, remote (0, or r > 0 for an
 --       item counted across PoPs: its remote hashes for windows index and
@@ -363,15 +366,22 @@ local function decide(mode, items, n, res, o)
   end
   if mode == 'p' then return end
 
-  local ok = true -- limit.Admit
-  for i = 1, n do
-    if res[o + 4 * i - 3] == 0 and not items[i].shadow then ok = false end
-  end
-  for i = 1, n do
-    if res[o + 4 * i - 3] == 1 then
-      if ok then
+  if mode == 'c' then
+    for i = 1, n do
+      if items[i].cd then add(items[i], states[items[i].key]) end
+    end -- the caller keeps the answers of its peek
+  else
+    local ok = true -- limit.Admit
+    for i = 1, n do
+      if res[o + 4 * i - 3] == 0 and not items[i].shadow then ok = false end
+    end
+    for i = 1, n do
+      if res[o + 4 * i - 3] == 1 and ok then
         add(items[i], states[items[i].key])
-      else
+      elseif items[i].cd then
+        add(items[i], states[items[i].key]) -- Envoy's way: denied hits count too
+        if res[o + 4 * i - 3] == 0 then res[o + 4 * i - 2] = 0 end -- and leave no room
+      elseif res[o + 4 * i - 3] == 1 then
         res[o + 4 * i - 2] = res[o + 4 * i - 2] + hits -- nothing was spent, so the room is what it was
       end
     end
@@ -405,7 +415,7 @@ while p <= nblob do
   for i = 1, n do
     local alg, shadow, lim, w
     alg, shadow, lim, w, p = sunpack('<BBi8i8', blob, p)
-    local it = { key = KEYS[k + i - 1], alg = alg, limit = lim, w = w, shadow = shadow == 1, rk = 0 }
+    local it = { key = KEYS[k + i - 1], alg = alg, limit = lim, w = w, shadow = shadow == 1, cd = shadow == 2, rk = 0 }
     if alg <= 1 then
       local r, f
       it.idx, it.off, r, f, p = sunpack('<i8i8i4B', blob, p)

@@ -1,0 +1,515 @@
+package lab
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/edgelimit/edgelimit/deploy/lab/faultnet"
+	"github.com/edgelimit/edgelimit/pop/loadgen"
+	"github.com/edgelimit/edgelimit/pop/rules"
+)
+
+// Passwords the lab's NATS servers and PoPs use, as an operator would make
+// them (letters and digits; see deploy/nats/hub-region.conf).
+const (
+	popPassword  = "labPop7Secret9"
+	leafPassword = "labLeaf3Secret8"
+	sysPassword  = "labSys5Secret2"
+)
+
+// Domain and Key are the rate-limit domain and descriptor key of the lab's
+// one rule; every load sends the value "hot".
+const (
+	Domain = "lab"
+	Key    = "api_key"
+)
+
+// durableKey is the descriptor key of the lab's hour-long limit of
+// durableLimit, which the faults use.
+const (
+	durableKey   = "durable"
+	durableLimit = 1000
+)
+
+// Config is one lab run.
+type Config struct {
+	Plan Plan
+	// Root is the repository's root: the lab runs deploy/nats/*.conf and
+	// deploy/systemd/pop.yaml from there.
+	Root string
+	// Edgelimit and NATSServer are the binaries (NATSServer of the version
+	// go.mod names; see Build).
+	Edgelimit, NATSServer string
+	// Dir holds the run's configs, data and logs; it is kept.
+	Dir string
+	// Log receives a line per step; nil for none.
+	Log io.Writer
+	// Faults adds, after the scenario, a PoP killed with kill -9 and
+	// restarted, and a hub NATS server stopped.
+	Faults bool
+	// Prometheus, when set, is the prometheus binary: the lab runs it with
+	// deploy/prometheus's files, evaluates the Grafana dashboard's queries
+	// at the end, and — with AlertPhase — cuts a region until the partition
+	// alert fires, heals it, and waits for the alert to resolve.
+	Prometheus string
+	AlertPhase bool
+	// PoPEnv is added to every PoP's environment: the place for per-PoP
+	// credentials (EDGELIMIT_NATS_CREDS, …) once the configs take them.
+	PoPEnv func(pop string) []string
+}
+
+// lab is a running lab.
+type lab struct {
+	cfg    Config
+	plan   Plan
+	mu     sync.Mutex
+	procs  map[string]*Proc // by host name; loads by "load-"+PoP+source
+	popArg map[string][]string
+	relays []*faultnet.Proxy
+	// promAddr is the lab's Prometheus, host:port, once it runs.
+	promAddr string
+	client   *http.Client
+}
+
+func (l *lab) logf(format string, args ...any) {
+	if l.cfg.Log != nil {
+		fmt.Fprintf(l.cfg.Log, "lab: "+format+"\n", args...)
+	}
+}
+
+// Run brings the plan's sites up, runs the scenario's traffic and cuts,
+// the faults if asked, tears everything down — also on error or when ctx
+// ends — and returns what it measured. It needs root.
+func Run(ctx context.Context, cfg Config) (rep Report, err error) {
+	if os.Geteuid() != 0 {
+		return Report{}, errors.New("lab: needs root (ip netns)")
+	}
+	began := time.Now()
+	l := &lab{cfg: cfg, plan: cfg.Plan, procs: map[string]*Proc{}, popArg: map[string][]string{},
+		client: &http.Client{Timeout: 2 * time.Second}}
+	if left := Leftovers(); len(left) > 0 {
+		l.logf("removing what an earlier run left: %s", strings.Join(left, ", "))
+		if err := Teardown(); err != nil {
+			return Report{}, err
+		}
+	}
+	defer func() {
+		l.stopAll()
+		terr := Teardown()
+		if left := Leftovers(); len(left) > 0 {
+			terr = errors.Join(terr, fmt.Errorf("lab: left behind: %s", strings.Join(left, ", ")))
+		}
+		if err == nil {
+			err = terr
+		}
+		rep.Wall = time.Since(began)
+		l.logf("torn down (%v)", rep.Wall.Round(time.Second))
+	}()
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return Report{}, err
+	}
+	l.logf("network: %d regions, namespaces under %s-*", len(l.plan.Regions), Prefix)
+	if err := setupNetwork(l.plan); err != nil {
+		return Report{}, err
+	}
+	if err := l.startRelays(); err != nil {
+		return Report{}, err
+	}
+	if err := l.startNATS(ctx); err != nil {
+		return Report{}, err
+	}
+	if err := l.startPoPs(ctx); err != nil {
+		return Report{}, err
+	}
+	if cfg.Prometheus != "" {
+		if err := l.startPrometheus(ctx); err != nil {
+			return Report{}, err
+		}
+	}
+	rep, err = l.runScenario(ctx)
+	if err != nil {
+		return rep, err
+	}
+	if cfg.Faults {
+		rep.Faults = l.runFaults(ctx)
+	}
+	if cfg.Prometheus != "" && cfg.AlertPhase {
+		a := l.alertPhase(ctx)
+		rep.Alert = &a
+	}
+	if cfg.Prometheus != "" {
+		if rep.Dashboard, err = l.evalDashboard(); err != nil {
+			return rep, err
+		}
+	}
+	return rep, ctx.Err()
+}
+
+// stopAll kills every process the lab started.
+func (l *lab) stopAll() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, p := range l.procs {
+		if !p.Exited() {
+			p.Kill()
+		}
+	}
+	for _, r := range l.relays {
+		r.Close()
+	}
+}
+
+func (l *lab) start(h Host, name string, env []string, bin string, args ...string) (*Proc, error) {
+	p, err := StartProc(l.cfg.Dir, h.NS, name, env, bin, args...)
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	l.procs[name] = p
+	l.mu.Unlock()
+	return p, nil
+}
+
+// startRelays puts a relay on every link between a leaf region and a hub
+// server, dialing from the hub's wan address.
+func (l *lab) startRelays() error {
+	hub := l.plan.Regions[0]
+	for i, lp := range l.plan.Links {
+		p, err := faultnet.Listen(lp.Listen, lp.Target, faultnet.Options{
+			Seed: l.plan.Scenario.Seed + uint64(i), LocalAddr: wanIP(hub.Index, false)})
+		if err != nil {
+			return err
+		}
+		l.relays = append(l.relays, p)
+		if err := p.SetLink(lp.Link); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startNATS starts every region's servers from deploy/nats as an operator
+// would (values from the environment; only the store directory and its size
+// replaced), the hub first, and waits until every leaf region reaches the
+// hub's JetStream domain and back.
+func (l *lab) startNATS(ctx context.Context) error {
+	hub := l.plan.Regions[0]
+	for ri, r := range l.plan.Regions {
+		conf := "leaf-region.conf"
+		if ri == 0 {
+			conf = "hub-region.conf"
+		}
+		path := filepath.Join(l.cfg.Root, "deploy", "nats", conf)
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for k, s := range r.NATS {
+			dir := filepath.Join(l.cfg.Dir, s.Name)
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return err
+			}
+			text, err := Replace(path, string(b),
+				"store_dir: /var/lib/nats/jetstream", "store_dir: "+filepath.Join(dir, "jetstream"),
+				"max_file_store: 10G", "max_file_store: 256M")
+			if err != nil {
+				return err
+			}
+			env := []string{"NATS_SERVER_NAME=" + s.Name, "EDGELIMIT_REGION=" + r.Name,
+				"EDGELIMIT_NATS_PASSWORD=" + popPassword, "NATS_SYS_PASSWORD=" + sysPassword}
+			for i, o := range r.NATS {
+				env = append(env, fmt.Sprintf("NATS_ROUTE_%d=nats-route://%s:6222", i+1, o.IP))
+			}
+			if ri == 0 {
+				env = append(env, "EDGELIMIT_LEAF_PASSWORD="+leafPassword)
+			} else {
+				// The relays on this region's wan address, one per hub server.
+				w := wanIP(r.Index, false)
+				env = append(env,
+					fmt.Sprintf("EDGELIMIT_HUB_URL=nats-leaf://leaf:%s@%s:%d", leafPassword, w, natsLeafPort),
+					fmt.Sprintf("EDGELIMIT_HUB_URL_2=nats-leaf://%s:%d", w, natsLeafPort+1),
+					fmt.Sprintf("EDGELIMIT_HUB_URL_3=nats-leaf://%s:%d", w, natsLeafPort+2))
+			}
+			if err := CheckEnv(path, text, env); err != nil {
+				return err
+			}
+			file := filepath.Join(dir, conf)
+			if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+				return err
+			}
+			if _, err := l.start(s, s.Name, env, l.cfg.NATSServer, "-c", file); err != nil {
+				return err
+			}
+			_ = k
+		}
+		for _, s := range r.NATS {
+			if err := l.waitFor(ctx, 30*time.Second, s.Name+" JetStream", func() error {
+				return l.alive(s.Name, func() error { return domainIs(s, "", r.Name) })
+			}); err != nil {
+				return err
+			}
+		}
+		l.logf("region %s: %d NATS servers up (%s)", r.Name, len(r.NATS), conf)
+	}
+	// A stream source requested across a link not yet up is retried only
+	// after 30 s: wait for every link both ways before any PoP starts.
+	for _, r := range l.plan.Regions[1:] {
+		for _, s := range r.NATS {
+			if err := l.waitFor(ctx, 30*time.Second, s.Name+" reaches domain "+hub.Name, func() error {
+				return domainIs(s, hub.Name, hub.Name)
+			}); err != nil {
+				return err
+			}
+		}
+		for _, s := range hub.NATS {
+			if err := l.waitFor(ctx, 30*time.Second, s.Name+" reaches domain "+r.Name, func() error {
+				return domainIs(s, r.Name, r.Name)
+			}); err != nil {
+				return err
+			}
+		}
+	}
+	l.logf("leaf links up through the relays")
+	return nil
+}
+
+// domainIs checks that JetStream domain want answers through server s
+// (via "" asks for s's own).
+func domainIs(s Host, via, want string) error {
+	got, err := JetStreamDomain(fmt.Sprintf("nats://%s:%d", s.IP, natsClientPort), "edgelimit", popPassword, via)
+	if err == nil && got != want {
+		err = fmt.Errorf("answered by domain %q, want %q", got, want)
+	}
+	return err
+}
+
+// alive returns check's error, or a fatal one when process name has exited.
+func (l *lab) alive(name string, check func() error) error {
+	l.mu.Lock()
+	p := l.procs[name]
+	l.mu.Unlock()
+	if p != nil && p.Exited() {
+		return &fatal{fmt.Errorf("%s exited: %s", name, p.Tail(2000))}
+	}
+	return check()
+}
+
+// fatal is an error waitFor does not retry.
+type fatal struct{ error }
+
+// waitFor polls cond every 100 ms until it returns nil, a fatal error, ctx
+// ends or timeout passes.
+func (l *lab) waitFor(ctx context.Context, timeout time.Duration, what string, cond func() error) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil {
+			return nil
+		}
+		var f *fatal
+		if errors.As(err, &f) {
+			return fmt.Errorf("lab: %s: %w", what, f.error)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("lab: %s: not after %v: %w", what, timeout, err)
+		}
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// rulesFile writes the lab's one rule: the scenario's limit, global.
+func (l *lab) rulesFile() (string, error) {
+	lim := l.plan.Scenario.Limit
+	text := fmt.Sprintf(`# The lab's rules: the scenario's limit, global across every PoP, and an
+# hour-long one the faults use to see a PoP keep its counts across kill -9.
+domain: %s
+descriptors:
+  - key: %s
+    rate_limit: {unit: %s, requests_per_unit: %d, algorithm: %s, scope: global}
+  - key: %s
+    rate_limit: {unit: hour, requests_per_unit: %d, scope: global}
+`, Domain, Key, lim.Unit, lim.RequestsPerUnit, lim.Algorithm, durableKey, durableLimit)
+	path := filepath.Join(l.cfg.Dir, "rules.yaml")
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		return "", err
+	}
+	if _, _, err := rules.Load(path); err != nil {
+		return "", fmt.Errorf("lab: the rule made from the scenario's limit: %w", err)
+	}
+	return path, nil
+}
+
+// startPoPs starts every PoP from deploy/systemd/pop.yaml, the values that
+// differ per PoP on its command line (which wins over the file), and waits
+// until each is ready and hears every region.
+func (l *lab) startPoPs(ctx context.Context) error {
+	rulesPath, err := l.rulesFile()
+	if err != nil {
+		return err
+	}
+	sc := l.plan.Scenario
+	popYAML := filepath.Join(l.cfg.Root, "deploy", "systemd", "pop.yaml")
+	for _, r := range l.plan.Regions {
+		var urls []string
+		for _, s := range r.NATS {
+			urls = append(urls, fmt.Sprintf("nats://%s:%d", s.IP, natsClientPort))
+		}
+		for _, h := range r.PoPs {
+			args := []string{"pop", "--config", popYAML, "--rules", rulesPath,
+				"--data", filepath.Join(l.cfg.Dir, h.Name), "--store", "embedded",
+				"--region", r.Name, "--pop", h.Name, "--topology", l.plan.Topology,
+				"--nats", strings.Join(urls, ","), "--nats-user", "edgelimit",
+				"--flush-interval", sc.FlushInterval.String(), "--snapshot-interval", sc.SnapshotInterval.String(),
+				"--unreachable-after", sc.UnreachableAfter.String(),
+				"--partition-share", strconv.FormatFloat(sc.PartitionShare, 'g', -1, 64)}
+			if sc.BitsInterval > 0 {
+				args = append(args, "--urgent-interval", sc.BitsInterval.String())
+			}
+			l.popArg[h.Name] = args
+			if err := l.startPoP(h); err != nil {
+				return err
+			}
+		}
+	}
+	for _, r := range l.plan.Regions {
+		for _, h := range r.PoPs {
+			if err := l.waitFor(ctx, 60*time.Second, h.Name+" ready", l.ready(h)); err != nil {
+				return err
+			}
+		}
+	}
+	for _, h := range l.pops() {
+		if err := l.waitFor(ctx, 60*time.Second, h.Name+" hears every region", func() error {
+			m, err := l.scrape(h)
+			if err != nil {
+				return err
+			}
+			if v := m.get("edgelimit_global_share"); v != 1 {
+				return fmt.Errorf("global share %v", v)
+			}
+			if v := m.get("edgelimit_replication_stalled_sources"); v != 0 {
+				return fmt.Errorf("stalled sources %v", v)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	l.logf("%d PoPs ready, every one hearing every region", len(l.pops()))
+	return nil
+}
+
+func (l *lab) startPoP(h Host) error {
+	env := []string{"EDGELIMIT_NATS_PASSWORD=" + popPassword}
+	if l.cfg.PoPEnv != nil {
+		env = append(env, l.cfg.PoPEnv(h.Name)...)
+	}
+	_, err := l.start(h, h.Name, env, l.cfg.Edgelimit, l.popArg[h.Name]...)
+	return err
+}
+
+// ready checks h's /readyz.
+func (l *lab) ready(h Host) func() error {
+	return func() error {
+		return l.alive(h.Name, func() error {
+			resp, err := l.client.Get(fmt.Sprintf("http://%s:%d/readyz", h.IP, popPort))
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				return fmt.Errorf("/readyz: %s", resp.Status)
+			}
+			return nil
+		})
+	}
+}
+
+// pops lists every PoP host, region by region.
+func (l *lab) pops() []Host {
+	var out []Host
+	for _, r := range l.plan.Regions {
+		out = append(out, r.PoPs...)
+	}
+	return out
+}
+
+// metrics is a scraped exposition: sample lines by name{labels}.
+type metrics map[string]float64
+
+// get returns the sample name (with its labels exactly as exposed, e.g.
+// `x{quantile="0.5"}`), NaN-free: -1 when absent.
+func (m metrics) get(name string) float64 {
+	if v, ok := m[name]; ok {
+		return v
+	}
+	return -1
+}
+
+// scrape reads h's /metrics.
+func (l *lab) scrape(h Host) (metrics, error) {
+	resp, err := l.client.Get(fmt.Sprintf("http://%s:%d/metrics", h.IP, popPort))
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	m := metrics{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			m[line[:i]] = v
+		}
+	}
+	return m, sc.Err()
+}
+
+// readLoad parses the JSON report a load printed to its log.
+func readLoad(p *Proc) (loadgen.Report, error) {
+	b, err := os.ReadFile(p.Log)
+	if err != nil {
+		return loadgen.Report{}, err
+	}
+	i := strings.IndexByte(string(b), '{')
+	if i < 0 {
+		return loadgen.Report{}, fmt.Errorf("%s printed no report: %s", p.Name, p.Tail(1000))
+	}
+	var rep loadgen.Report
+	if err := json.Unmarshal(b[i:], &rep); err != nil {
+		return loadgen.Report{}, fmt.Errorf("%s's report: %w", p.Name, err)
+	}
+	return rep, nil
+}

@@ -1,0 +1,250 @@
+package lab
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/edgelimit/edgelimit/deploy/lab/faultnet"
+	"github.com/edgelimit/edgelimit/simulate"
+)
+
+// Prefix starts the name of every namespace, link and process directory a
+// lab makes; teardown removes everything so named.
+const Prefix = "elab"
+
+// NATSPerRegion is the number of NATS servers of every region: a cluster of
+// three, as deploy/nats's configs list three routes; the hub's three make it
+// redundant (one stopped keeps the regions linked).
+const NATSPerRegion = 3
+
+// Plan is a scenario laid out as hosts, links and traffic: pure data, built
+// by NewPlan from a scenario and read by Run.
+type Plan struct {
+	Scenario simulate.Scenario
+	Regions  []RegionPlan // the first is the NATS hub
+	// Links are the relays between every leaf region's servers and the
+	// hub's, one per (leaf region, hub server).
+	Links []LinkPlan
+	// Loads are the `edgelimit load` runs that make the scenario's traffic.
+	Loads []LoadPlan
+	// Topology is every PoP's --topology.
+	Topology string
+}
+
+// RegionPlan is one region: its index (1-based, the third octet of its
+// subnet), NATS hosts and PoP hosts.
+type RegionPlan struct {
+	Name  string
+	Index int
+	NATS  []Host
+	PoPs  []Host
+}
+
+// Host is one network namespace with one address on its region's bridge.
+type Host struct {
+	Name string // the NATS server's or PoP's name
+	NS   string // namespace
+	IP   string
+}
+
+// LinkPlan is a relay: listening on the leaf region's wan address, relaying
+// to one hub server's leaf port, with the scenario's link between the two
+// regions.
+type LinkPlan struct {
+	Region string // the leaf region
+	Listen string // host:port on Region's wan address
+	Target string // host:port of a hub server's leaf listener
+	Link   faultnet.Link
+}
+
+// LoadPlan is one `edgelimit load` run, inside a PoP's namespace against it.
+type LoadPlan struct {
+	PoP    Host
+	Source string
+	Rate   float64 // requests/s
+	Start  time.Duration
+	End    time.Duration
+}
+
+// Addressing: region i's bridge is 10.213.i.0/24 (gateway .1, hosts from
+// .10), its wan link 10.214.i.0/30 and its mgmt link 10.215.i.0/30 (root .1,
+// gateway .2).
+func subnet(i int) string    { return fmt.Sprintf("10.213.%d.0/24", i) }
+func gwIP(i int) string      { return fmt.Sprintf("10.213.%d.1", i) }
+func hostIP(i, j int) string { return fmt.Sprintf("10.213.%d.%d", i, 10+j) }
+func wanIP(i int, gw bool) string {
+	if gw {
+		return fmt.Sprintf("10.214.%d.2", i)
+	}
+	return fmt.Sprintf("10.214.%d.1", i)
+}
+func mgmtIP(i int, gw bool) string {
+	if gw {
+		return fmt.Sprintf("10.215.%d.2", i)
+	}
+	return fmt.Sprintf("10.215.%d.1", i)
+}
+
+// Ports every host uses, as the shipped files say.
+const (
+	natsClientPort = 4222
+	natsLeafPort   = 7422
+	popPort        = 8080
+)
+
+// ErrUnsupported is wrapped by NewPlan for a scenario the lab cannot run.
+var ErrUnsupported = errors.New("lab: unsupported scenario")
+
+// NewPlan lays out sc. The scenario must have one limit key (the lab's
+// loads all send the same value), no clock skew, duplicates or generated
+// mix, and no on/off sources; regions are at most 250 and hold at most 240
+// hosts each.
+func NewPlan(sc simulate.Scenario) (Plan, error) {
+	if err := sc.Validate(); err != nil {
+		return Plan{}, err
+	}
+	switch {
+	case len(sc.ClockSkew) > 0:
+		return Plan{}, fmt.Errorf("%w: clock_skew (every namespace shares the machine's clock)", ErrUnsupported)
+	case sc.Duplicate > 0:
+		return Plan{}, fmt.Errorf("%w: duplicate (TCP delivers once)", ErrUnsupported)
+	case sc.Mix != nil:
+		return Plan{}, fmt.Errorf("%w: mix (the lab drives one key)", ErrUnsupported)
+	case len(sc.Regions) > 250:
+		return Plan{}, fmt.Errorf("%w: %d regions, at most 250", ErrUnsupported, len(sc.Regions))
+	}
+	p := Plan{Scenario: sc}
+	var topo []string
+	var pops []Host
+	for i, r := range sc.Regions {
+		if len(r.PoPs)+NATSPerRegion > 240 {
+			return Plan{}, fmt.Errorf("%w: region %s has %d PoPs, at most %d", ErrUnsupported, r.Name, len(r.PoPs), 240-NATSPerRegion)
+		}
+		rp := RegionPlan{Name: r.Name, Index: i + 1}
+		for k := range NATSPerRegion {
+			name := fmt.Sprintf("nats-%s-%d", r.Name, k+1)
+			rp.NATS = append(rp.NATS, Host{Name: name, NS: Prefix + "-" + name, IP: hostIP(rp.Index, k)})
+		}
+		for j, pop := range r.PoPs {
+			h := Host{Name: pop, NS: Prefix + "-pop-" + pop, IP: hostIP(rp.Index, NATSPerRegion+j)}
+			rp.PoPs = append(rp.PoPs, h)
+			pops = append(pops, h)
+		}
+		p.Regions = append(p.Regions, rp)
+		topo = append(topo, r.Name+"="+strings.Join(r.PoPs, ","))
+	}
+	p.Topology = strings.Join(topo, ";")
+	hub := p.Regions[0]
+	for _, r := range p.Regions[1:] {
+		l, err := link(sc, r.Name, hub.Name)
+		if err != nil {
+			return Plan{}, err
+		}
+		for k, s := range hub.NATS {
+			p.Links = append(p.Links, LinkPlan{
+				Region: r.Name,
+				Listen: fmt.Sprintf("%s:%d", wanIP(r.Index, false), natsLeafPort+k),
+				Target: fmt.Sprintf("%s:%d", s.IP, natsLeafPort),
+				Link:   l,
+			})
+		}
+	}
+	for i, s := range sc.Sources {
+		if s.On > 0 || s.Off > 0 {
+			return Plan{}, fmt.Errorf("%w: sources[%d] (%s) is on/off", ErrUnsupported, i, s.Name)
+		}
+		if s.Key != sc.Sources[0].Key {
+			return Plan{}, fmt.Errorf("%w: sources[%d] (%s) has key %q, sources[0] %q: the lab drives one key", ErrUnsupported, i, s.Name, s.Key, sc.Sources[0].Key)
+		}
+		add := func(h Host, rate float64) {
+			p.Loads = append(p.Loads, LoadPlan{PoP: h, Source: s.Name, Rate: rate, Start: s.Start, End: s.End})
+		}
+		switch s.Spread {
+		case simulate.Spray, simulate.Random:
+			// Round-robin and uniform spreads give every PoP the same
+			// share; random's draws are Poisson-thinned, spray's even.
+			for _, h := range pops {
+				add(h, s.Rate/float64(len(pops)))
+			}
+		default: // anycast
+			idx := slices.IndexFunc(pops, func(h Host) bool { return h.Name == s.PoP })
+			if s.PoP == "" {
+				idx = i % len(pops)
+			}
+			if idx < 0 {
+				return Plan{}, fmt.Errorf("sources[%d]: no PoP %q", i, s.PoP)
+			}
+			add(pops[idx], s.Rate)
+		}
+	}
+	return p, nil
+}
+
+// link returns the scenario's link between regions a and b.
+func link(sc simulate.Scenario, a, b string) (faultnet.Link, error) {
+	for _, l := range sc.Latency {
+		if (l.From == a && l.To == b) || (l.From == b && l.To == a) {
+			ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
+			return faultnet.Link{Delay: ms(l.Ms), Jitter: ms(l.JitterMs), Loss: sc.Loss}, nil
+		}
+	}
+	return faultnet.Link{}, fmt.Errorf("latency: no entry between %s and %s", a, b)
+}
+
+// Region returns the plan of the region named name.
+func (p Plan) Region(name string) (RegionPlan, bool) {
+	i := slices.IndexFunc(p.Regions, func(r RegionPlan) bool { return r.Name == name })
+	if i < 0 {
+		return RegionPlan{}, false
+	}
+	return p.Regions[i], true
+}
+
+// cutRegion returns the region whose wan link a partition takes down: the
+// side that is not the hub (every path between leaf regions crosses the
+// hub, so cutting a leaf region's link cuts it from every other region).
+func (p Plan) cutRegion(part simulate.Partition) string {
+	if part.From == p.Regions[0].Name {
+		return part.To
+	}
+	return part.From
+}
+
+// Shrink returns sc with at most popsPerRegion PoPs per region and every
+// time (run, partitions, sources) scaled so that the run lasts duration: a
+// short lab run of a scenario, which the simulator then runs too.
+// popsPerRegion 0 keeps every PoP; duration 0 keeps the length.
+func Shrink(sc simulate.Scenario, popsPerRegion int, duration time.Duration) simulate.Scenario {
+	out := sc
+	out.Regions = nil
+	for _, r := range sc.Regions {
+		if popsPerRegion > 0 && len(r.PoPs) > popsPerRegion {
+			r.PoPs = r.PoPs[:popsPerRegion]
+		}
+		out.Regions = append(out.Regions, simulate.Region{Name: r.Name, PoPs: slices.Clone(r.PoPs)})
+	}
+	if duration <= 0 || duration == sc.Duration {
+		out.Sources = slices.Clone(sc.Sources)
+		out.Partitions = slices.Clone(sc.Partitions)
+		return out
+	}
+	f := float64(duration) / float64(sc.Duration)
+	scale := func(d time.Duration) time.Duration {
+		return time.Duration(float64(d) * f).Round(100 * time.Millisecond)
+	}
+	out.Duration = duration
+	out.Partitions = nil
+	for _, pt := range sc.Partitions {
+		pt.Start, pt.End = scale(pt.Start), scale(pt.End)
+		out.Partitions = append(out.Partitions, pt)
+	}
+	out.Sources = nil
+	for _, s := range sc.Sources {
+		s.Start, s.End = scale(s.Start), scale(s.End)
+		out.Sources = append(out.Sources, s)
+	}
+	return out
+}

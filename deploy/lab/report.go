@@ -1,0 +1,167 @@
+package lab
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/edgelimit/edgelimit/simulate"
+)
+
+// Report is what a lab run measured.
+type Report struct {
+	Scenario       string
+	Seed           uint64
+	Limit          int64
+	Window         time.Duration // the limit's unit
+	Duration       time.Duration
+	PoPs, Regions  int
+	Start          time.Time // t = 0 of the scenario
+	Windows        []Window
+	Offered        int64
+	Admitted       int64
+	LoadErrors     int64
+	MeanExcessPct  float64 // mean over windows that admitted anything of max(0, admitted − limit), % of the limit
+	WorstExcessPct float64 // the most over the limit in one fixed window, % of the limit
+	BitP50, BitP99 time.Duration
+	BitsReceived   int64
+	Partitions     []PartitionResult
+	Faults         []FaultResult
+	Alert          *AlertResult  // nil: no alert phase
+	Dashboard      []QueryResult // the Grafana dashboard's queries on the lab's Prometheus
+	Wall           time.Duration // the whole run, setup and teardown included
+}
+
+// Window is one fixed window of the limit (Unix-epoch aligned), from Start
+// after the scenario's t = 0: the checks the loads sent and those admitted,
+// over every PoP.
+type Window struct {
+	Start             time.Duration
+	Offered, Admitted int64
+}
+
+// PartitionResult is one of the scenario's partitions as the PoPs saw it:
+// Reduced is how long after the cut every PoP enforced a reduced global
+// share, Restored how long after the heal every PoP was back at the whole
+// limit (-1: never, within the run).
+type PartitionResult struct {
+	Region            string // the region whose link was taken down
+	Cut, Heal         time.Duration
+	Reduced, Restored time.Duration
+}
+
+// FaultResult is one fault the lab injected after the scenario and what
+// followed.
+type FaultResult struct {
+	What   string
+	OK     bool
+	Took   time.Duration
+	Detail string
+}
+
+// summarize fills the totals and the excess figures from Windows, graded
+// as the simulator's oracle grades fixed windows.
+func (r *Report) summarize() {
+	var excess float64
+	var n int
+	for _, w := range r.Windows {
+		r.Offered += w.Offered
+		r.Admitted += w.Admitted
+		if w.Admitted == 0 {
+			continue
+		}
+		n++
+		e := 100 * float64(max(w.Admitted-r.Limit, 0)) / float64(r.Limit)
+		excess += e
+		r.WorstExcessPct = max(r.WorstExcessPct, e)
+	}
+	if n > 0 {
+		r.MeanExcessPct = excess / float64(n)
+	}
+}
+
+// fmtDur prints d, or "never" for a negative one.
+func fmtDur(d time.Duration) string {
+	if d < 0 {
+		return "never"
+	}
+	return d.Round(time.Millisecond).String()
+}
+
+// WriteTable writes the report: every window, then the measured figures
+// beside sim's edgelimit row for the same scenario (nil sim: none).
+func (r Report) WriteTable(w io.Writer, sim *simulate.Report) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "lab %s  seed %d  %d PoPs in %d regions  limit %d per %v (global)  traffic %v from %s\n\n",
+		r.Scenario, r.Seed, r.PoPs, r.Regions, r.Limit, r.Window, r.Duration, r.Start.UTC().Format(time.RFC3339))
+	fmt.Fprintf(&b, "%8s %9s %9s %8s\n", "window", "offered", "admitted", "excess%")
+	for _, win := range r.Windows {
+		mark := ""
+		for _, p := range r.Partitions {
+			if win.Start+r.Window > p.Cut && win.Start < p.Heal {
+				mark = "  (" + p.Region + " cut)"
+			}
+		}
+		fmt.Fprintf(&b, "%8v %9d %9d %8.2f%s\n", win.Start, win.Offered, win.Admitted,
+			100*float64(max(win.Admitted-r.Limit, 0))/float64(r.Limit), mark)
+	}
+	fmt.Fprintf(&b, "\n%-34s %14s %14s\n", "", "simulated", "measured")
+	var res *simulate.Result
+	if sim != nil {
+		for i := range sim.Results {
+			if sim.Results[i].Strategy == simulate.Edgelimit.String() {
+				res = &sim.Results[i]
+			}
+		}
+	}
+	row := func(name, simv, labv string) { fmt.Fprintf(&b, "%-34s %14s %14s\n", name, simv, labv) }
+	s := func(f func(*simulate.Result) string) string {
+		if res == nil {
+			return "-"
+		}
+		return f(res)
+	}
+	row("admitted / decisions", s(func(x *simulate.Result) string { return fmt.Sprintf("%d/%d", x.Admitted, x.Decisions) }),
+		fmt.Sprintf("%d/%d", r.Admitted, r.Offered))
+	row("mean excess per window, % limit", s(func(x *simulate.Result) string { return fmt.Sprintf("%.2f", 100*x.MeanWindowExcess/float64(sim.Limit)) }),
+		fmt.Sprintf("%.2f", r.MeanExcessPct))
+	row("worst excess, % limit", s(func(x *simulate.Result) string { return fmt.Sprintf("%.2f (sliding)", x.WorstOvershootPct(sim.Limit)) }),
+		fmt.Sprintf("%.2f (fixed)", r.WorstExcessPct))
+	row("bit propagation p50 / p99", s(func(x *simulate.Result) string {
+		return fmt.Sprintf("%s/%s", fmtDur(x.MitigationDelay.P50), fmtDur(x.MitigationDelay.P99))
+	}), fmt.Sprintf("%s/%s", fmtDur(r.BitP50), fmtDur(r.BitP99)))
+	row("bits received (all PoPs)", s(func(x *simulate.Result) string { return fmt.Sprint(x.MitigationDelay.N) }), fmt.Sprint(r.BitsReceived))
+	for _, p := range r.Partitions {
+		row(fmt.Sprintf("cut %s %v–%v: share reduced after", p.Region, p.Cut, p.Heal), "-", fmtDur(p.Reduced))
+		row("  convergence after the heal", s(func(x *simulate.Result) string {
+			return fmt.Sprintf("%s (counts)", fmtDur(x.Convergence.Max))
+		}), fmtDur(p.Restored)+" (share)")
+	}
+	if r.LoadErrors > 0 {
+		fmt.Fprintf(&b, "\nload errors: %d (requests that got no answer)\n", r.LoadErrors)
+	}
+	if len(r.Faults) > 0 {
+		b.WriteString("\nfaults\n")
+		for _, f := range r.Faults {
+			ok := "ok"
+			if !f.OK {
+				ok = "FAILED"
+			}
+			fmt.Fprintf(&b, "  %-6s %-44s %10s  %s\n", ok, f.What, fmtDur(f.Took), f.Detail)
+		}
+	}
+	if a := r.Alert; a != nil {
+		fmt.Fprintf(&b, "\nalert %s, %s cut: fired after %s, resolved %s after the heal  %s\n",
+			PartitionAlert, a.Region, fmtDur(a.Fired), fmtDur(a.Resolved), a.Detail)
+	}
+	if len(r.Dashboard) > 0 {
+		b.WriteString("\ndashboard queries on the lab's Prometheus (series returned)\n")
+		for _, q := range r.Dashboard {
+			fmt.Fprintf(&b, "  %3d  %-50s %s %s\n", q.Series, q.Panel, q.Expr, q.Err)
+		}
+	}
+	fmt.Fprintf(&b, "\nwall time %v\n", r.Wall.Round(time.Second))
+	_, err := io.WriteString(w, b.String())
+	return err
+}

@@ -1,0 +1,4 @@
+package quota
+
+// ReadSnapshotForTest exposes readSnapshot to the external tests.
+var ReadSnapshotForTest = readSnapshot

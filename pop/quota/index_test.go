@@ -1,0 +1,177 @@
+package quota_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/pop/limit"
+	"github.com/edgelimit/edgelimit/pop/quota"
+	"github.com/edgelimit/edgelimit/pop/rules"
+)
+
+// An index answers what it was given, through replaces, changes, deletes and
+// the fold of a large delta into the base, and honours effective_at and
+// expires_at.
+func TestIndex(t *testing.T) {
+	var x quota.Index
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	if x.QuotaAt(now.UnixNano(), "a") != nil || x.Len() != 0 {
+		t.Fatal("the zero index is not empty")
+	}
+	x.Replace([]*quota.Quota{mkQuota("a", "pro"), mkQuota("b", "free")}, 7)
+	if q := x.QuotaAt(now.UnixNano(), "a"); q == nil || q.Tier != "pro" || x.Version() != 7 || x.Len() != 2 {
+		t.Fatalf("after Replace: %v, version %d, len %d", q, x.Version(), x.Len())
+	}
+	later := mkQuota("c", "pro")
+	later.EffectiveAt, later.ExpiresAt = quota.TimeOf(now.Add(time.Hour)), quota.TimeOf(now.Add(2*time.Hour))
+	x.Apply([]quota.Change{{APIKey: "a"}, {APIKey: "c", Quota: later}, {APIKey: "b", Quota: mkQuota("b", "enterprise")}}, 9)
+	if x.QuotaAt(now.UnixNano(), "a") != nil || x.Get("b").Tier != "enterprise" || x.Len() != 2 || x.Version() != 9 {
+		t.Fatalf("after Apply: a %v, b %v, len %d", x.Get("a"), x.Get("b"), x.Len())
+	}
+	for _, c := range []struct {
+		at   time.Duration
+		want bool
+	}{{0, false}, {time.Hour, true}, {90 * time.Minute, true}, {2 * time.Hour, false}} {
+		if got := x.QuotaAt(now.Add(c.at).UnixNano(), "c") != nil; got != c.want {
+			t.Errorf("c at +%v in force %v, want %v", c.at, got, c.want)
+		}
+	}
+	// Enough changes to fold the delta into a new base.
+	var cs []quota.Change
+	for i := range 3000 {
+		cs = append(cs, quota.Change{APIKey: fmt.Sprint("k", i), Quota: mkQuota(fmt.Sprint("k", i), "pro")})
+	}
+	x.Apply(cs, 10)
+	x.Apply([]quota.Change{{APIKey: "k5"}}, 11)
+	if x.Len() != 2+3000-1 || x.Get("k5") != nil || x.Get("k6") == nil || x.Get("b").Tier != "enterprise" || len(x.All()) != x.Len() {
+		t.Fatalf("after the fold: len %d, all %d", x.Len(), len(x.All()))
+	}
+}
+
+// An override replaces the quota of the limit it names, keeps its
+// algorithm, scope and name, and a quota's Limit does not allocate once it
+// has seen the limit.
+func TestQuotaLimit(t *testing.T) {
+	l := &rules.Limit{Name: "tier:pro", Unit: rules.Minute, Scope: rules.ScopeGlobal, Spec: limit.Spec{Algorithm: limit.SlidingWindow, Limit: 100, Window: int64(time.Minute)}}
+	other := &rules.Limit{Name: "other", Unit: rules.Minute, Spec: l.Spec}
+	q := mkQuota("k", "pro", quota.Override{Descriptor: "tier:pro", RequestsPerUnit: 7, Unit: rules.Hour})
+	got := q.Limit(l)
+	if got == l || got.Spec.Limit != 7 || got.Unit != rules.Hour || got.Spec.Window != int64(time.Hour) || got.Scope != rules.ScopeGlobal || got.Name != "tier:pro" {
+		t.Fatalf("overridden limit: %+v", got)
+	}
+	if q.Limit(other) != other || (*quota.Quota)(nil).Limit(l) != l {
+		t.Fatal("a limit without override is not itself")
+	}
+	if a := testing.AllocsPerRun(100, func() { q.Limit(l); q.Limit(other) }); a != 0 {
+		t.Fatalf("Limit allocates %v times", a)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	cases := []struct {
+		q     *quota.Quota
+		field string
+	}{
+		{&quota.Quota{}, "api_key"},
+		{&quota.Quota{APIKey: "a b"}, "api_key"},
+		{&quota.Quota{APIKey: string(make([]byte, 65))}, "api_key"},
+		{&quota.Quota{APIKey: "k", Tier: "a b"}, "tier"},
+		{&quota.Quota{APIKey: "k", Overrides: []quota.Override{{Descriptor: "", RequestsPerUnit: 1, Unit: rules.Minute}}}, "overrides[0].descriptor"},
+		{&quota.Quota{APIKey: "k", Overrides: []quota.Override{{Descriptor: "x", RequestsPerUnit: -1, Unit: rules.Minute}}}, "overrides[0].requests_per_unit"},
+		{&quota.Quota{APIKey: "k", Overrides: []quota.Override{{Descriptor: "x", RequestsPerUnit: 1, Unit: 9}}}, "overrides[0].unit"},
+		{&quota.Quota{APIKey: "k", Overrides: []quota.Override{{Descriptor: "x", RequestsPerUnit: 1}, {Descriptor: "x", RequestsPerUnit: 2}}}, "overrides[1].descriptor"},
+		{&quota.Quota{APIKey: "k", EffectiveAt: quota.TimeOf(time.Unix(10, 0)), ExpiresAt: quota.TimeOf(time.Unix(5, 0))}, "expires_at"},
+	}
+	for _, c := range cases {
+		err := c.q.Validate()
+		fe, ok := err.(*quota.FieldError)
+		if !ok || fe.Field != c.field {
+			t.Errorf("%+v: %v, want a FieldError on %s", c.q, err, c.field)
+		}
+	}
+	if err := mkQuota("k", "pro").Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// benchIndex looks up keys of an index of n quotas (with a change in the
+// delta, as after any write), cycling through the first hot keys of a random
+// order. The keys to look up are copied into one buffer in lookup order, as
+// a request's key sits in its freshly read body: what is measured is the
+// index, not the benchmark's own cache misses on scattered strings.
+func benchIndex(b *testing.B, n, hot int) {
+	var x quota.Index
+	all := make([]*quota.Quota, n)
+	for i := range all {
+		all[i] = mkQuota(fmt.Sprintf("key-%08d", i), "pro")
+	}
+	x.Replace(all, 1)
+	x.Apply([]quota.Change{{APIKey: "changed", Quota: mkQuota("changed", "pro")}}, 2)
+	order := rand.New(rand.NewPCG(1, 2)).Perm(n)[:hot]
+	var buf []byte
+	for _, i := range order {
+		buf = fmt.Appendf(buf, "key-%08d", i)
+	}
+	keys := make([]string, hot)
+	all2 := string(buf)
+	for i := range keys {
+		keys[i] = all2[i*12 : (i+1)*12]
+	}
+	now := time.Now().UnixNano()
+	plain := make(map[string]*quota.Quota, n)
+	for _, q := range all {
+		plain[q.APIKey] = q
+	}
+	// loop looks keys up in turn with lookup, which says whether it found one.
+	loop := func(lookup func(string) bool) func(*testing.B) {
+		return func(b *testing.B) {
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				if !lookup(keys[i]) {
+					b.Fatal("missing")
+				}
+				if i++; i == hot {
+					i = 0
+				}
+			}
+		}
+	}
+	index := func(k string) bool { return x.QuotaAt(now, k) != nil }
+	runtime.GC() // no collection of the setup's garbage during the timing
+	b.Run("index-with-delta", loop(index))
+	x.Compact()
+	runtime.GC()
+	b.Run("index", loop(index))
+	// The yardstick of the same run: a bare Go map of the same keys.
+	b.Run("gomap", loop(func(k string) bool { q := plain[k]; return q != nil && q.InForceAt(now) }))
+}
+
+// BenchmarkQuotaAt is the check path's lookup of a key with a quota: n
+// quotas loaded, lookups spread over hot of them (all of them: the worst
+// case, bound by memory latency).
+func BenchmarkQuotaAt(b *testing.B) {
+	for _, c := range []struct{ n, hot int }{{100_000, 1000}, {1_000_000, 1000}, {100_000, 100_000}, {1_000_000, 1_000_000}} {
+		b.Run(fmt.Sprintf("loaded=%d/hot=%d", c.n, c.hot), func(b *testing.B) { benchIndex(b, c.n, c.hot) })
+	}
+}
+
+// BenchmarkQuotaAtMiss is a key without a quota, the common case.
+func BenchmarkQuotaAtMiss(b *testing.B) {
+	var x quota.Index
+	var all []*quota.Quota
+	for i := range 100_000 {
+		all = append(all, mkQuota(fmt.Sprintf("key-%08d", i), "pro"))
+	}
+	x.Replace(all, 1)
+	now := time.Now().UnixNano()
+	b.ReportAllocs()
+	for b.Loop() {
+		if x.QuotaAt(now, "anonymous-key") != nil {
+			b.Fatal("found")
+		}
+	}
+}

@@ -1,0 +1,97 @@
+package quota_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/edgelimit/edgelimit/pop/quota"
+	"github.com/edgelimit/edgelimit/pop/quota/pgtest"
+)
+
+// TestLoadMillion measures what a PoP pays to hold a million quotas: the
+// time to load them from PostgreSQL and from its snapshot file, and the heap
+// they take. It writes a million rows, so it runs only with
+// EDGELIMIT_QUOTA_1M=1 (see README "Tenant quotas" for the figures).
+func TestLoadMillion(t *testing.T) {
+	if os.Getenv("EDGELIMIT_QUOTA_1M") != "1" {
+		t.Skip("set EDGELIMIT_QUOTA_1M=1 to load a million quotas")
+	}
+	n := 1_000_000
+	if s := os.Getenv("EDGELIMIT_QUOTA_N"); s != "" {
+		n, _ = strconv.Atoi(s)
+	}
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	p, err := quota.OpenPostgres(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// Half the keys have a tier only, half an override too: 1.5 rows a key.
+	start := time.Now()
+	if _, err := conn.Exec(ctx, `INSERT INTO quota_overrides (api_key, descriptor, tier)
+		SELECT 'key-' || i, '', CASE WHEN i % 3 = 0 THEN 'enterprise' ELSE 'pro' END FROM generate_series(1, $1) i`, n); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO quota_overrides (api_key, descriptor, tier, requests_per_unit, unit)
+		SELECT 'key-' || i, 'tier:pro', 'pro', 1000 + i % 100, 'minute' FROM generate_series(1, $1, 2) i`, n); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO quota_audit (api_key, actor) VALUES ('*', 'bulk load')`); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("wrote %d quotas in %v", n, time.Since(start).Round(time.Millisecond))
+
+	heap := func() uint64 {
+		runtime.GC()
+		runtime.GC() // the second empties sync.Pool victims (encoders' buffers)
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	cpu := func() time.Duration {
+		var ru syscall.Rusage
+		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	before := heap()
+	idx := &quota.Index{}
+	snap := filepath.Join(t.TempDir(), "snap.json")
+	s := &quota.Syncer{Store: p, Index: idx, SnapshotPath: snap}
+	start, cpu0 := time.Now(), cpu()
+	if err := s.Start(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	took, tookCPU := time.Since(start), cpu()-cpu0
+	s.Wait()
+	after := heap()
+	if idx.Len() != n {
+		t.Fatalf("loaded %d quotas, want %d", idx.Len(), n)
+	}
+	t.Logf("load from PostgreSQL: %d quotas in %v (this process's CPU %v; the rest is PostgreSQL and a shared box); heap %.0f MB (%.0f B a key)", n, took.Round(time.Millisecond), tookCPU.Round(time.Millisecond),
+		float64(after-before)/(1<<20), float64(after-before)/float64(n))
+
+	down, _ := quota.NewPostgres("postgres://postgres@127.0.0.1:1/none?connect_timeout=1")
+	defer down.Close()
+	idx2 := &quota.Index{}
+	start, cpu0 = time.Now(), cpu()
+	if err := (&quota.Syncer{Store: down, Index: idx2, SnapshotPath: snap}).Start(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := os.Stat(snap)
+	t.Logf("load from the snapshot file (%.0f MB) with PostgreSQL down: %d quotas in %v (CPU %v)", float64(fi.Size())/(1<<20), idx2.Len(), time.Since(start).Round(time.Millisecond), (cpu() - cpu0).Round(time.Millisecond))
+	runtime.KeepAlive(idx)
+}

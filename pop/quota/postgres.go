@@ -1,0 +1,491 @@
+package quota
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/edgelimit/edgelimit/pop/rules"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// notifyChannel is the PostgreSQL channel every write notifies, with the
+// audit id as payload.
+const notifyChannel = "edgelimit_quotas"
+
+// writeLock is the advisory lock every write holds, so that audit ids
+// increase in commit order and a PoP that has read up to id N has missed
+// nothing below it.
+const writeLock = 0x6564676571756f74 // "edgequot"
+
+// changeBatch bounds the audit entries one ChangesSince reads.
+const changeBatch = 10000
+
+// Postgres is the quota Store on PostgreSQL, the system of record. It is safe
+// for concurrent use.
+type Postgres struct {
+	pool *pgxpool.Pool
+	url  string
+
+	mu       sync.Mutex
+	migrated bool
+}
+
+// NewPostgres returns the store of the database at url (postgres://…)
+// without connecting: a PoP starts while PostgreSQL is down. The first call
+// that reaches the database applies the embedded migrations it lacks.
+func NewPostgres(url string) (*Postgres, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("quota: postgres URL: %w", err)
+	}
+	cfg.MaxConns = max(cfg.MaxConns, 4)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("quota: postgres: %w", err)
+	}
+	return &Postgres{pool: pool, url: url}, nil
+}
+
+// OpenPostgres is NewPostgres, then the migrations at once: applying them is
+// idempotent and safe when several PoPs start together.
+func OpenPostgres(ctx context.Context, url string) (*Postgres, error) {
+	p, err := NewPostgres(url)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.ensure(ctx); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// ensure applies the migrations once.
+func (p *Postgres) ensure(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.migrated {
+		return nil
+	}
+	if err := p.migrate(ctx); err != nil {
+		return err
+	}
+	p.migrated = true
+	return nil
+}
+
+// Close closes the connections.
+func (p *Postgres) Close() { p.pool.Close() }
+
+func (p *Postgres) migrate(ctx context.Context) error {
+	names, err := fs.Glob(migrations, "migrations/*.sql")
+	if err != nil {
+		return err
+	}
+	slices.Sort(names)
+	return pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(writeLock)); err != nil {
+			return fmt.Errorf("quota: migrations: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS quota_migrations (name TEXT PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT NOW())`); err != nil {
+			return fmt.Errorf("quota: migrations: %w", err)
+		}
+		for _, n := range names {
+			var done bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM quota_migrations WHERE name = $1)`, n).Scan(&done); err != nil {
+				return fmt.Errorf("quota: migration %s: %w", n, err)
+			}
+			if done {
+				continue
+			}
+			sql, err := migrations.ReadFile(n)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, string(sql)); err != nil {
+				return fmt.Errorf("quota: migration %s: %w", n, err)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO quota_migrations (name) VALUES ($1)`, n); err != nil {
+				return fmt.Errorf("quota: migration %s: %w", n, err)
+			}
+		}
+		return nil
+	})
+}
+
+// selectRows reads quota rows with NULL numbers and units as zero values,
+// so that scanning a million rows allocates only the strings it keeps.
+const selectRows = `SELECT api_key, descriptor, tier, COALESCE(requests_per_unit, 0), COALESCE(unit, ''),
+	effective_at, expires_at, updated_at FROM quota_overrides`
+
+// interner shares the copies of strings that repeat across quotas (tiers,
+// limit names).
+type interner map[string]string
+
+func (in interner) get(b []byte) string {
+	if s, ok := in[string(b)]; ok {
+		return s
+	}
+	s := string(b)
+	if len(in) < 1<<16 {
+		in[s] = s
+	}
+	return s
+}
+
+// scanQuotas reads rows of selectRows into quotas, in the order their keys
+// first appear; a key's rows need not be adjacent (Snapshot reads the table
+// unordered, which spares PostgreSQL a sort of every row).
+func scanQuotas(rows pgx.Rows) ([]*Quota, error) { return scanQuotasN(rows, 0) }
+
+// scanQuotasN is scanQuotas expecting about n keys (sizing its map once).
+func scanQuotasN(rows pgx.Rows, n int) ([]*Quota, error) {
+	defer rows.Close()
+	out := make([]*Quota, 0, n)
+	byKey := make(map[string]*Quota, n)
+	in := interner{}
+	var (
+		key, desc, tier, unit []byte
+		rpu                   int32
+		eff, exp, upd         pgtype.Timestamptz
+	)
+	for rows.Next() {
+		if err := rows.Scan(&key, &desc, &tier, &rpu, &unit, &eff, &exp, &upd); err != nil {
+			return nil, err
+		}
+		cur := byKey[string(key)]
+		if cur == nil {
+			cur = &Quota{APIKey: string(key)}
+			byKey[cur.APIKey] = cur
+			out = append(out, cur)
+		}
+		if len(desc) == 0 {
+			cur.Tier, cur.UpdatedAt = in.get(tier), pgTime(upd)
+			cur.EffectiveAt, cur.ExpiresAt = pgTime(eff), pgTime(exp)
+			continue
+		}
+		u, err := rules.ParseUnit(string(unit))
+		if err != nil {
+			return nil, fmt.Errorf("quota: row (%q, %q): %w", key, desc, err)
+		}
+		cur.Overrides = append(cur.Overrides, Override{Descriptor: in.get(desc), RequestsPerUnit: int64(rpu), Unit: u})
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func pgTime(t pgtype.Timestamptz) Time {
+	if !t.Valid {
+		return 0
+	}
+	return TimeOf(t.Time)
+}
+
+func getTx(ctx context.Context, tx pgx.Tx, key string, lock bool) (*Quota, error) {
+	q := selectRows + ` WHERE api_key = $1 ORDER BY descriptor`
+	if lock {
+		q += ` FOR UPDATE`
+	}
+	rows, err := tx.Query(ctx, q, key)
+	if err != nil {
+		return nil, err
+	}
+	qs, err := scanQuotas(rows)
+	if err != nil || len(qs) == 0 {
+		return nil, err
+	}
+	return qs[0], nil
+}
+
+// Get returns key's quota, or ErrNotFound.
+func (p *Postgres) Get(ctx context.Context, key string) (*Quota, error) {
+	if err := p.ensure(ctx); err != nil {
+		return nil, err
+	}
+	rows, err := p.pool.Query(ctx, selectRows+` WHERE api_key = $1 ORDER BY descriptor`, key)
+	if err != nil {
+		return nil, fmt.Errorf("quota: get: %w", err)
+	}
+	qs, err := scanQuotas(rows)
+	if err != nil {
+		return nil, fmt.Errorf("quota: get: %w", err)
+	}
+	if len(qs) == 0 {
+		return nil, ErrNotFound
+	}
+	return qs[0], nil
+}
+
+// write runs one audited change of key: fn changes the rows, then the audit
+// entry is appended and the change notified, in one transaction.
+func (p *Postgres) write(ctx context.Context, key, actor string, fn func(tx pgx.Tx, before *Quota) (*Quota, error)) (before *Quota, err error) {
+	if err := p.ensure(ctx); err != nil {
+		return nil, err
+	}
+	err = pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(writeLock)); err != nil {
+			return err
+		}
+		b, err := getTx(ctx, tx, key, true)
+		if err != nil {
+			return err
+		}
+		before = b
+		after, err := fn(tx, b)
+		if err != nil {
+			return err
+		}
+		bj, aj := jsonOrNil(b), jsonOrNil(after)
+		var id int64
+		if err := tx.QueryRow(ctx, `INSERT INTO quota_audit (api_key, actor, before, after) VALUES ($1, $2, $3, $4) RETURNING id`,
+			key, actor, bj, aj).Scan(&id); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, notifyChannel, strconv.FormatInt(id, 10))
+		return err
+	})
+	return before, err
+}
+
+func jsonOrNil(q *Quota) []byte {
+	if q == nil {
+		return nil
+	}
+	b, _ := json.Marshal(q.ToWire())
+	return b
+}
+
+// Put creates or replaces q on behalf of actor.
+func (p *Postgres) Put(ctx context.Context, q *Quota, actor string) (*Quota, error) {
+	if err := q.Validate(); err != nil {
+		return nil, err
+	}
+	before, err := p.write(ctx, q.APIKey, actor, func(tx pgx.Tx, before *Quota) (*Quota, error) {
+		if _, err := tx.Exec(ctx, `DELETE FROM quota_overrides WHERE api_key = $1`, q.APIKey); err != nil {
+			return nil, err
+		}
+		eff, exp := nullTime(q.EffectiveAt.Time()), nullTime(q.ExpiresAt.Time())
+		var upd time.Time
+		if err := tx.QueryRow(ctx, `INSERT INTO quota_overrides (api_key, descriptor, tier, effective_at, expires_at) VALUES ($1, '', $2, $3, $4) RETURNING updated_at`,
+			q.APIKey, q.Tier, eff, exp).Scan(&upd); err != nil {
+			return nil, err
+		}
+		q.UpdatedAt = TimeOf(upd)
+		for _, o := range q.Overrides {
+			if _, err := tx.Exec(ctx, `INSERT INTO quota_overrides (api_key, descriptor, tier, requests_per_unit, unit, effective_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+				q.APIKey, o.Descriptor, q.Tier, o.RequestsPerUnit, o.Unit.String(), eff, exp); err != nil {
+				return nil, err
+			}
+		}
+		return q, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("quota: put %q: %w", q.APIKey, err)
+	}
+	q.Prepare()
+	return before, nil
+}
+
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// Delete removes key's quota on behalf of actor.
+func (p *Postgres) Delete(ctx context.Context, key, actor string) (*Quota, error) {
+	before, err := p.write(ctx, key, actor, func(tx pgx.Tx, before *Quota) (*Quota, error) {
+		if before == nil {
+			return nil, ErrNotFound
+		}
+		_, err := tx.Exec(ctx, `DELETE FROM quota_overrides WHERE api_key = $1`, key)
+		return nil, err
+	})
+	if errors.Is(err, ErrNotFound) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("quota: delete %q: %w", key, err)
+	}
+	return before, nil
+}
+
+// List returns up to limit quotas of tier ("" for all) after key after.
+func (p *Postgres) List(ctx context.Context, tier, after string, limit int) ([]*Quota, error) {
+	if err := p.ensure(ctx); err != nil {
+		return nil, err
+	}
+	rows, err := p.pool.Query(ctx, selectRows+` WHERE api_key IN (
+		SELECT api_key FROM quota_overrides WHERE descriptor = '' AND ($1 = '' OR tier = $1) AND api_key > $2 ORDER BY api_key LIMIT $3)
+		ORDER BY api_key, descriptor`, tier, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("quota: list: %w", err)
+	}
+	qs, err := scanQuotas(rows)
+	if err != nil {
+		return nil, fmt.Errorf("quota: list: %w", err)
+	}
+	return qs, nil
+}
+
+// Audit returns key's audit entries, newest first.
+func (p *Postgres) Audit(ctx context.Context, key string, limit int) ([]AuditEntry, error) {
+	if err := p.ensure(ctx); err != nil {
+		return nil, err
+	}
+	rows, err := p.pool.Query(ctx, `SELECT id, api_key, actor, at, before, after FROM quota_audit WHERE api_key = $1 ORDER BY id DESC LIMIT $2`, key, limit)
+	if err != nil {
+		return nil, fmt.Errorf("quota: audit: %w", err)
+	}
+	defer rows.Close()
+	var out []AuditEntry
+	for rows.Next() {
+		var e AuditEntry
+		if err := rows.Scan(&e.ID, &e.APIKey, &e.Actor, &e.At, &e.Before, &e.After); err != nil {
+			return nil, fmt.Errorf("quota: audit: %w", err)
+		}
+		e.At = e.At.UTC()
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// readOnly runs fn in a repeatable-read, read-only transaction: one
+// consistent view of the audit log and the quotas.
+func (p *Postgres) readOnly(ctx context.Context, fn func(pgx.Tx) error) error {
+	if err := p.ensure(ctx); err != nil {
+		return err
+	}
+	tx, err := p.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // read-only
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// Snapshot returns every quota and the last audit id it reflects.
+func (p *Postgres) Snapshot(ctx context.Context) ([]*Quota, int64, error) {
+	var all []*Quota
+	var version int64
+	err := p.readOnly(ctx, func(tx pgx.Tx) error {
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT (SELECT COALESCE(MAX(id), 0) FROM quota_audit), (SELECT COUNT(*) FROM quota_overrides WHERE descriptor = '')`).Scan(&version, &n); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, selectRows)
+		if err != nil {
+			return err
+		}
+		all, err = scanQuotasN(rows, n)
+		return err
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("quota: snapshot: %w", err)
+	}
+	return all, version, nil
+}
+
+// ChangesSince returns the keys written after version, with their state now.
+func (p *Postgres) ChangesSince(ctx context.Context, version int64) ([]Change, int64, error) {
+	var changes []Change
+	to := version
+	err := p.readOnly(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT id, api_key FROM quota_audit WHERE id > $1 ORDER BY id LIMIT $2`, version, changeBatch)
+		if err != nil {
+			return err
+		}
+		var keys []string
+		seen := map[string]bool{}
+		for rows.Next() {
+			var id int64
+			var key string
+			if err := rows.Scan(&id, &key); err != nil {
+				rows.Close()
+				return err
+			}
+			to = max(to, id)
+			if !seen[key] {
+				seen[key] = true
+				keys = append(keys, key)
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil || len(keys) == 0 {
+			return err
+		}
+		rows, err = tx.Query(ctx, selectRows+` WHERE api_key = ANY($1) ORDER BY api_key, descriptor`, keys)
+		if err != nil {
+			return err
+		}
+		qs, err := scanQuotas(rows)
+		if err != nil {
+			return err
+		}
+		byKey := make(map[string]*Quota, len(qs))
+		for _, q := range qs {
+			byKey[q.APIKey] = q
+		}
+		for _, k := range keys {
+			changes = append(changes, Change{APIKey: k, Quota: byKey[k]})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, version, fmt.Errorf("quota: changes: %w", err)
+	}
+	return changes, to, nil
+}
+
+// Watch listens on the notification channel and calls changed on every
+// notification until ctx ends or the connection fails.
+func (p *Postgres) Watch(ctx context.Context, changed func()) error {
+	conn, err := pgx.Connect(ctx, p.url)
+	if err != nil {
+		return fmt.Errorf("quota: listen: %w", err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
+		return fmt.Errorf("quota: listen: %w", err)
+	}
+	changed() // anything written while no one listened
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("quota: listen: %w", err)
+		}
+		changed()
+	}
+}
+
+// RedactURL is url without its password, for logs.
+func RedactURL(url string) string {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil || cfg.Password == "" {
+		return url
+	}
+	return strings.Replace(url, ":"+cfg.Password+"@", ":xxxxx@", 1)
+}

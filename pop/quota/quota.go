@@ -1,0 +1,252 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/edgelimit/edgelimit/pop/rules"
+)
+
+// Bounds of a quota, as the PostgreSQL schema holds them.
+const (
+	MaxKeyBytes        = 64
+	MaxTierBytes       = 64
+	MaxDescriptorBytes = 256
+	MaxOverrides       = 64
+	MaxRequestsPerUnit = 1<<31 - 1
+)
+
+// ErrNotFound is returned by Store.Get and Store.Delete for an API key
+// without a quota.
+var ErrNotFound = errors.New("quota: no quota for this api_key")
+
+// Override replaces, for one API key, the quota of the limit named
+// Descriptor (a tier limit or a limit of a descriptor below the tenant entry;
+// its name as RateLimit-Policy reports it).
+type Override struct {
+	Descriptor      string     `json:"descriptor"`
+	RequestsPerUnit int64      `json:"requests_per_unit"`
+	Unit            rules.Unit `json:"-"`
+}
+
+// Time is an instant in Unix nanoseconds; 0 is unset. Quotas hold times so
+// (8 bytes, not time.Time's 24), since a PoP holds a million of them.
+type Time int64
+
+// TimeOf returns t as a Time; the zero time.Time is 0.
+func TimeOf(t time.Time) Time {
+	if t.IsZero() {
+		return 0
+	}
+	return Time(t.UnixNano())
+}
+
+// Time returns t as a time.Time in UTC; 0 is the zero time.Time.
+func (t Time) Time() time.Time {
+	if t == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, int64(t)).UTC()
+}
+
+// IsZero reports whether t is unset.
+func (t Time) IsZero() bool { return t == 0 }
+
+// Quota is one API key's tier and overrides. EffectiveAt (zero: always) and
+// ExpiresAt (zero: never) bound when it is in force; outside that time the
+// key is limited as a key without a quota (the default tier, the rules'
+// limits). Once handed to an Index it is read-only and safe for concurrent
+// use.
+type Quota struct {
+	APIKey      string
+	Tier        string // "" is the domain's default tier
+	Overrides   []Override
+	EffectiveAt Time
+	ExpiresAt   Time
+	UpdatedAt   Time
+
+	memo atomic.Pointer[map[*rules.Limit]*rules.Limit]
+}
+
+// Prepare returns q (kept for callers that build quotas by hand: there is
+// nothing left to prepare).
+func (q *Quota) Prepare() *Quota { return q }
+
+// InForceAt reports whether q applies at now (Unix ns).
+func (q *Quota) InForceAt(now int64) bool {
+	return now >= int64(q.EffectiveAt) && (q.ExpiresAt == 0 || now < int64(q.ExpiresAt))
+}
+
+// Clone returns a copy of q's data (not its memo).
+func (q *Quota) Clone() *Quota {
+	return &Quota{APIKey: q.APIKey, Tier: q.Tier, Overrides: append([]Override(nil), q.Overrides...),
+		EffectiveAt: q.EffectiveAt, ExpiresAt: q.ExpiresAt, UpdatedAt: q.UpdatedAt}
+}
+
+// Override returns the override of the limit named name, or nil.
+func (q *Quota) Override(name string) *Override {
+	for i := range q.Overrides {
+		if q.Overrides[i].Descriptor == name {
+			return &q.Overrides[i]
+		}
+	}
+	return nil
+}
+
+// maxMemo bounds the limits one quota remembers; past it, the memo starts
+// over (rule reloads leave old limits behind).
+const maxMemo = 256
+
+// Limit returns the limit that applies to this key in place of l: l itself
+// when no override names it, else a copy with the override's quota and unit
+// (Overridden). The copy is remembered per limit, so that after the first
+// check of a key with overrides, Limit does not allocate. A nil q returns l.
+func (q *Quota) Limit(l *rules.Limit) *rules.Limit {
+	if q == nil || len(q.Overrides) == 0 {
+		return l
+	}
+	m := q.memo.Load()
+	if m != nil {
+		if r, ok := (*m)[l]; ok {
+			return r
+		}
+	}
+	r := l
+	if o := q.Override(l.Name); o != nil {
+		if c, err := Overridden(l, o); err == nil {
+			r = c
+		}
+	}
+	next := make(map[*rules.Limit]*rules.Limit, 4)
+	if m != nil && len(*m) < maxMemo {
+		for k, v := range *m {
+			next[k] = v
+		}
+	}
+	next[l] = r
+	q.memo.Store(&next) // a racing store loses an entry, recomputed next time
+	return r
+}
+
+// Overridden returns a copy of l with o's quota: RequestsPerUnit per Unit,
+// counted as l counts (algorithm, scope), the burst of a bucket becoming the
+// new quota. The store key includes the unit, so an override with l's unit
+// keeps l's counts and one with another unit counts on its own. It fails when
+// l's algorithm cannot hold that quota (sliding_log's bound).
+func Overridden(l *rules.Limit, o *Override) (*rules.Limit, error) {
+	c := *l
+	c.Unit = o.Unit
+	c.Spec.Limit, c.Spec.Window, c.Spec.Burst = o.RequestsPerUnit, int64(o.Unit.Duration()), 0
+	if err := c.Spec.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// FieldError is a quota that does not validate; Field names the part in the
+// admin API's JSON terms, e.g. "overrides[1].unit".
+type FieldError struct {
+	Field, Msg string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+// ValidateKey checks an API key: 1 to MaxKeyBytes printable ASCII bytes.
+func ValidateKey(key string) error {
+	if key == "" {
+		return &FieldError{"api_key", "is required"}
+	}
+	if len(key) > MaxKeyBytes {
+		return &FieldError{"api_key", fmt.Sprintf("is %d bytes, the limit is %d", len(key), MaxKeyBytes)}
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c <= ' ' || c > '~' {
+			return &FieldError{"api_key", fmt.Sprintf("byte %d (%q) is not printable ASCII", i, c)}
+		}
+	}
+	return nil
+}
+
+// Validate checks q's own bounds (not whether the rule set knows its tier and
+// limits; see the admin API).
+func (q *Quota) Validate() error {
+	if err := ValidateKey(q.APIKey); err != nil {
+		return err
+	}
+	if len(q.Tier) > MaxTierBytes || strings.ContainsAny(q.Tier, " \t\r\n\"\\") {
+		return &FieldError{"tier", fmt.Sprintf("must be at most %d bytes without spaces, quotes or backslashes", MaxTierBytes)}
+	}
+	if len(q.Overrides) > MaxOverrides {
+		return &FieldError{"overrides", fmt.Sprintf("%d overrides, the limit is %d", len(q.Overrides), MaxOverrides)}
+	}
+	for i, o := range q.Overrides {
+		f := fmt.Sprintf("overrides[%d]", i)
+		switch {
+		case o.Descriptor == "":
+			return &FieldError{f + ".descriptor", "is required: the name of the limit to override"}
+		case len(o.Descriptor) > MaxDescriptorBytes:
+			return &FieldError{f + ".descriptor", fmt.Sprintf("is %d bytes, the limit is %d", len(o.Descriptor), MaxDescriptorBytes)}
+		case o.RequestsPerUnit < 0 || o.RequestsPerUnit > MaxRequestsPerUnit:
+			return &FieldError{f + ".requests_per_unit", fmt.Sprintf("must be between 0 and %d, got %d", MaxRequestsPerUnit, o.RequestsPerUnit)}
+		case o.Unit.Duration() <= 0:
+			return &FieldError{f + ".unit", "must be second, minute, hour or day"}
+		}
+		for j := range i { // at most MaxOverrides: no map needed
+			if q.Overrides[j].Descriptor == o.Descriptor {
+				return &FieldError{f + ".descriptor", fmt.Sprintf("%q is already overridden by overrides[%d]", o.Descriptor, j)}
+			}
+		}
+	}
+	if q.ExpiresAt != 0 && q.ExpiresAt <= q.EffectiveAt {
+		return &FieldError{"expires_at", "must be after effective_at"}
+	}
+	return nil
+}
+
+// Change is one API key's new state: its quota, or nil when it was deleted.
+type Change struct {
+	APIKey string
+	Quota  *Quota
+}
+
+// AuditEntry is one change as the audit trail records it.
+type AuditEntry struct {
+	ID     int64     `json:"id"`
+	APIKey string    `json:"api_key"`
+	Actor  string    `json:"actor"`
+	At     time.Time `json:"at"`
+	Before *Wire     `json:"before"`
+	After  *Wire     `json:"after"`
+}
+
+// Store keeps quotas and their audit trail. Every write appends one audit
+// entry in the same transaction; versions are audit ids, increasing in the
+// order writes commit.
+type Store interface {
+	// Get returns key's quota, or ErrNotFound.
+	Get(ctx context.Context, key string) (*Quota, error)
+	// Put creates or replaces q (validated) on behalf of actor and returns
+	// the quota it replaced (nil when there was none).
+	Put(ctx context.Context, q *Quota, actor string) (before *Quota, err error)
+	// Delete removes key's quota on behalf of actor and returns it, or
+	// ErrNotFound.
+	Delete(ctx context.Context, key, actor string) (before *Quota, err error)
+	// List returns up to limit quotas of tier ("" for every tier) whose keys
+	// sort after after, in key order.
+	List(ctx context.Context, tier, after string, limit int) ([]*Quota, error)
+	// Audit returns key's audit entries, newest first, up to limit.
+	Audit(ctx context.Context, key string, limit int) ([]AuditEntry, error)
+	// Snapshot returns every quota and the version it reflects.
+	Snapshot(ctx context.Context) ([]*Quota, int64, error)
+	// ChangesSince returns the state of every key changed after version, and
+	// the version the changes bring a snapshot to.
+	ChangesSince(ctx context.Context, version int64) ([]Change, int64, error)
+	// Watch calls changed soon after each write, by any process, until ctx
+	// ends or the notification channel fails (then it returns the error).
+	Watch(ctx context.Context, changed func()) error
+	Close()
+}

@@ -1,0 +1,215 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultPoll is how often a Syncer asks the store for changes when no
+// notification came: the backstop for a lost notification.
+const DefaultPoll = 10 * time.Second
+
+// compactAfter is how long changes must be quiet before the index's delta is
+// folded into its base.
+const compactAfter = 2 * time.Second
+
+// Syncer keeps an Index up to date from a Store: it loads the whole snapshot
+// at start, then reads the changes after the version it holds whenever the
+// store notifies a write (PostgreSQL's LISTEN/NOTIFY), and every Poll as a
+// backstop. With SnapshotPath set, it keeps the last snapshot there, and
+// when the store cannot be read at start it enforces that file's quotas until
+// the store answers again.
+type Syncer struct {
+	Store Store
+	Index *Index
+	// SnapshotPath is the file of the last snapshot ("": none).
+	SnapshotPath string
+	// Poll is the backstop interval; 0 means DefaultPoll.
+	Poll   time.Duration
+	Logger *slog.Logger
+	// Synced, when set, is called after each sync that changed the index
+	// with the version now in force (for tests and metrics).
+	Synced func(version int64)
+
+	loaded atomic.Bool // the index reflects the store (not only the file)
+	saving atomic.Bool
+	savedV atomic.Int64 // the version last written to SnapshotPath
+	saves  sync.WaitGroup
+}
+
+// Loaded reports whether the index has been loaded from the store itself
+// (false while it holds only the snapshot file's quotas).
+func (s *Syncer) Loaded() bool { return s.loaded.Load() }
+
+func (s *Syncer) log() *slog.Logger {
+	if s.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return s.Logger
+}
+
+// Start loads the index: from the store, or — when the store does not answer
+// within timeout — from the snapshot file. It fails only when neither works
+// and a snapshot file exists but is damaged; with no file, the index starts
+// empty and Run loads it once the store answers.
+func (s *Syncer) Start(ctx context.Context, timeout time.Duration) error {
+	lctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := s.full(lctx)
+	if err == nil {
+		return nil
+	}
+	if s.SnapshotPath == "" {
+		s.log().Error("quotas: the store does not answer; starting without quotas until it does", "err", err)
+		return nil
+	}
+	all, v, ferr := readSnapshot(s.SnapshotPath)
+	switch {
+	case errors.Is(ferr, os.ErrNotExist):
+		s.log().Error("quotas: the store does not answer and there is no snapshot; starting without quotas until it does", "err", err)
+		return nil
+	case ferr != nil:
+		return ferr
+	}
+	s.Index.Replace(all, v)
+	s.log().Warn("quotas: the store does not answer; enforcing the last snapshot until it does", "err", err, "file", s.SnapshotPath, "quotas", len(all), "version", v)
+	return nil
+}
+
+// full replaces the index with the store's snapshot.
+func (s *Syncer) full(ctx context.Context) error {
+	all, v, err := s.Store.Snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	s.Index.Replace(all, v)
+	s.loaded.Store(true)
+	s.log().Info("quotas loaded", "quotas", len(all), "version", v)
+	s.synced(v)
+	return nil
+}
+
+// step brings the index up to date: the whole snapshot when it was never
+// loaded from the store, else the changes since its version.
+func (s *Syncer) step(ctx context.Context) error {
+	if !s.loaded.Load() {
+		return s.full(ctx)
+	}
+	for {
+		from := s.Index.Version()
+		changes, v, err := s.Store.ChangesSince(ctx, from)
+		if err != nil {
+			return err
+		}
+		if v == from {
+			return nil
+		}
+		s.Index.Apply(changes, v)
+		s.synced(v)
+		if len(changes) == 0 {
+			return nil
+		}
+	}
+}
+
+func (s *Syncer) synced(v int64) {
+	if s.Synced != nil {
+		s.Synced(v)
+	}
+	s.save()
+}
+
+// save writes the snapshot file in the background, one write at a time; a
+// change during a write is saved by the next sync or the next poll.
+func (s *Syncer) save() {
+	if s.SnapshotPath == "" || !s.loaded.Load() || s.Index.Version() == s.savedV.Load() || !s.saving.CompareAndSwap(false, true) {
+		return
+	}
+	v, all := s.Index.Version(), s.Index.All()
+	s.saves.Add(1)
+	go func() {
+		defer s.saves.Done()
+		defer s.saving.Store(false)
+		if err := writeSnapshot(s.SnapshotPath, v, all); err != nil {
+			s.log().Error("quotas: cannot save the snapshot", "file", s.SnapshotPath, "err", err)
+			return
+		}
+		s.savedV.Store(v)
+	}()
+}
+
+// Run follows the store until ctx ends: a notification or the poll timer
+// triggers a sync; a failed listener is restarted after a second. It returns
+// once the listener and any snapshot write have finished.
+func (s *Syncer) Run(ctx context.Context) {
+	defer s.saves.Wait()
+	kick := make(chan struct{}, 1)
+	changed := func() {
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+	listening := make(chan struct{})
+	defer func() { <-listening }()
+	go func() {
+		defer close(listening)
+		for ctx.Err() == nil {
+			if err := s.Store.Watch(ctx, changed); err != nil {
+				s.log().Warn("quotas: change notifications failed; polling until they work again", "err", err)
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}()
+	poll := s.Poll
+	if poll <= 0 {
+		poll = DefaultPoll
+	}
+	t := time.NewTicker(poll)
+	defer t.Stop()
+	// Once changes are quiet for compactAfter, the index's delta is folded
+	// into its base, so that a lookup is one map probe again.
+	compact := time.NewTimer(time.Hour)
+	compact.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-kick:
+		case <-t.C:
+			s.save() // a save skipped while another ran
+		case <-compact.C:
+			s.Index.Compact()
+			continue
+		}
+		if err := s.step(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if !failing {
+				s.log().Error("quotas: cannot read the store; the last quotas stay in force", "err", err)
+			}
+			failing = true
+			continue
+		}
+		if failing {
+			s.log().Info("quotas: the store answers again", "version", s.Index.Version())
+		}
+		failing = false
+		if s.Index.Pending() > 0 {
+			compact.Reset(compactAfter)
+		}
+	}
+}
+
+// Wait waits for a snapshot write in flight (Run waits for it too).
+func (s *Syncer) Wait() { s.saves.Wait() }

@@ -1,0 +1,5 @@
+//go:build !race
+
+package pop
+
+const raceEnabled = false
