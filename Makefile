@@ -72,6 +72,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzUnmarshal -fuzztime 30s ./proto/
 	$(GO) test -run '^$$' -fuzz FuzzJoin -fuzztime 30s ./crdt/
 	$(GO) test -run '^$$' -fuzz FuzzLocal -fuzztime 30s ./crdt/
+	$(GO) test -run '^$$' -fuzz FuzzDecodeState -fuzztime 30s ./pop/limit/
 	$(GO) test -run '^$$' -fuzz FuzzParseBeacon -fuzztime 30s ./replication/core/
 
 ## load: drive a running PoP (make run) with 64 connections for 10 s

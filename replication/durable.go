@@ -39,6 +39,7 @@ var (
 //	'm' name                                      -> metadata (below)
 //	'o' window(8) key                             -> own count, uvarint
 //	'r' window(8) len(replica)(1) replica key     -> remote count, uvarint
+//	's' key                                       -> saved state: expiry(8) then the store's bytes (states.go)
 //
 // window(8) is the window as big-endian uint64 with the sign bit flipped, so
 // byte order is numeric order, negative windows included. Count values are
@@ -48,20 +49,24 @@ const (
 	tagMeta   = 'm'
 	tagOwn    = 'o'
 	tagRemote = 'r'
+	tagState  = 's' // saved states, states.go
 
 	signBit = 1 << 63
 
 	// maxReplicaLen is the longest remote replica name a key can carry.
 	maxReplicaLen = math.MaxUint8
 
-	// dbFormat is the format version recorded in a new directory.
-	dbFormat = 1
+	// dbFormat is the format version recorded in a new directory: 2 adds
+	// saved states ('s' keys, SaveStates) and the save count. A format 1
+	// directory opens and is recorded as 2 once written.
+	dbFormat = 2
 )
 
 var (
 	keyReplica = []byte("m/replica") // the replica whose own counts the DB holds
 	keySeq     = []byte("m/seq")     // stream position, 8 bytes big-endian
 	keyFormat  = []byte("m/format")  // format version, uvarint
+	keySaves   = []byte("m/saves")   // saves committed (SaveFlush, SaveStates), uvarint; see saveMarker
 )
 
 // DBOptions tunes OpenDB. The zero value (or nil) gives the defaults.
@@ -76,6 +81,16 @@ type DBOptions struct {
 	// Logger receives Pebble's log lines (WAL recovery, background errors);
 	// nil means Pebble's default, the standard library's log package.
 	Logger pebble.Logger
+	// MinFreeBytes is the free space the DB leaves on its filesystem: below
+	// it, writes stop with ErrDiskFull before Pebble runs out of space (which
+	// Pebble survives only by crashing). 0 means DefaultMinFree; negative
+	// turns the check off.
+	MinFreeBytes int64
+	// BallastBytes is the size of a file the DB keeps in its directory and
+	// deletes when Pebble meets ENOSPC anyway, so that Pebble's write is
+	// retried into that room rather than crash. 0 means DefaultBallast;
+	// negative keeps none.
+	BallastBytes int64
 }
 
 // DB is a PoP's durable state in a Pebble directory: its own counts (one
@@ -112,15 +127,23 @@ type DBOptions struct {
 type DB struct {
 	replica string
 	dir     string
+	opts    DBOptions
+	guard   *diskGuard
 
-	mu  sync.RWMutex // held for reading by every call, for writing by Close
-	pdb *pebble.DB   // nil once closed (and in a zero DB); requires mu
+	wmu   sync.Mutex // serializes writes: a save's count and its marker go in order
+	saves uint64     // saves committed; requires wmu (or no other call, in OpenDB)
+
+	mu       sync.RWMutex // held for reading by every call, for writing by Close and a reopen
+	pdb      *pebble.DB   // nil once closed (and in a zero DB); requires mu
+	readOnly bool         // opened read-only on a full disk; requires mu
 
 	flushes        atomic.Uint64
 	lastFlushNanos atomic.Int64
 	lastFlushSlots atomic.Int64
 	lastLoadNanos  atomic.Int64
 	lastLoadSlots  atomic.Int64
+	markerErrors   atomic.Uint64
+	damaged        atomic.Pointer[string] // the first damaged file Pebble reported
 }
 
 // DBStats is a snapshot of a DB's size and recent timings, for metrics.
@@ -171,59 +194,125 @@ func (m *maxValue) Finish(includesBase bool) ([]byte, io.Closer, error) {
 }
 
 // OpenDB opens the durable state of replica in dir, creating the directory
-// and an empty state if missing. It fails with ErrReplicaMismatch when dir
-// holds another replica's state, and with ErrCorrupt when dir was written in
-// an unknown format. opts may be nil.
+// and an empty state if missing. replica is "" for a PoP that does not
+// replicate: its directory holds only saved states (SaveStates), and a PoP
+// given a replica name later adopts it. OpenDB fails with ErrReplicaMismatch
+// when dir holds another replica's state, with ErrCorrupt — naming the
+// damaged file and the way out (ErrCorrupt's message, README "Durability")
+// — when Pebble finds a damaged WAL, table or MANIFEST, when the WAL lost
+// saves that were on disk (the save marker, saveMarker), or when dir was
+// written in an unknown format. On a disk already full (less free than
+// MinFreeBytes and no ballast left) it opens dir read-only: Load works, and
+// the DB reports DiskFull until space returns (see diskGuard). opts may be
+// nil.
 func OpenDB(dir, replica string, opts *DBOptions) (*DB, error) {
 	if opts == nil {
 		opts = &DBOptions{}
 	}
-	po := &pebble.Options{
-		Merger:             maxMerger,
-		FS:                 opts.FS,
-		CacheSize:          opts.CacheSize,
-		Logger:             opts.Logger,
-		FormatMajorVersion: pebble.FormatNewest,
+	fs := opts.FS
+	if fs == nil {
+		fs = vfs.Default
 	}
-	pdb, err := pebble.Open(dir, po)
+	if err := fs.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("replication: pebble: create %s: %w", dir, err)
+	}
+	d := &DB{replica: replica, dir: dir, opts: *opts, guard: newDiskGuard(fs, dir, opts)}
+	readOnly := d.guard.low() && !d.guard.hasBallast() && d.guard.exists()
+	pdb, err := d.open(readOnly)
 	if err != nil {
-		return nil, fmt.Errorf("replication: pebble: open %s: %w", dir, err)
+		return nil, err
 	}
-	if err := initMeta(pdb, replica); err != nil {
-		_ = pdb.Close() // the metadata error is the one to report
-		return nil, fmt.Errorf("replication: pebble: open %s: %w", dir, err)
+	d.pdb = pdb
+	if readOnly {
+		d.readOnly = true
+		d.guard.setFull("disk full at start: opened read-only")
+	} else {
+		d.guard.refill()
 	}
-	return &DB{replica: replica, dir: dir, pdb: pdb}, nil
+	return d, nil
 }
 
-// initMeta checks that pdb holds replica's state in format dbFormat, or
-// records both in a new (empty) pdb.
-func initMeta(pdb *pebble.DB, replica string) error {
+// open opens the Pebble store in d.dir and checks its metadata and save
+// marker. Requires d.pdb nil or closed, and no other call in progress.
+func (d *DB) open(readOnly bool) (*pebble.DB, error) {
+	po := &pebble.Options{
+		Merger:             maxMerger,
+		FS:                 vfs.OnDiskFull(d.guard.fs, d.guard.onDiskFull),
+		CacheSize:          d.opts.CacheSize,
+		Logger:             d.opts.Logger,
+		FormatMajorVersion: pebble.FormatNewest,
+		ReadOnly:           readOnly,
+		EventListener: &pebble.EventListener{
+			// Pebble's default exits the process; the read that found the
+			// damage returns it too, and the DB reports it (Damaged).
+			DataCorruption: func(info pebble.DataCorruptionInfo) {
+				path := info.Path
+				d.damaged.CompareAndSwap(nil, &path)
+				if d.opts.Logger != nil {
+					d.opts.Logger.Errorf("damaged file %s: %v", info.Path, info.Details)
+				}
+			},
+		},
+	}
+	pdb, err := pebble.Open(d.dir, po)
+	if err != nil {
+		return nil, openError(d.dir, err)
+	}
+	saves, err := initMeta(pdb, d.replica, readOnly)
+	if err == nil {
+		err = d.checkMarker(saves)
+	}
+	if err != nil {
+		_ = pdb.Close() // the metadata error is the one to report
+		if p := d.damaged.Load(); p != nil {
+			err = fmt.Errorf("damaged file %s: %w", *p, err)
+		}
+		return nil, fmt.Errorf("replication: pebble: open %s: %w", d.dir, readError(d.dir, err))
+	}
+	d.saves = saves
+	return pdb, nil
+}
+
+// initMeta checks that pdb holds replica's state in a known format, or
+// records both in a new (empty) pdb, and returns the number of saves
+// recorded. A directory of a PoP without a replica name ("") is adopted by
+// a named one (it holds no own slots); a named one is not opened unnamed.
+// readOnly checks without writing.
+func initMeta(pdb *pebble.DB, replica string, readOnly bool) (saves uint64, err error) {
 	stored, ok, err := get(pdb, keyReplica)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	if !ok {
-		b := pdb.NewBatch()
-		defer b.Close()
-		_ = b.Set(keyReplica, []byte(replica), nil) // a batch Set only fails on a closed batch
-		_ = b.Set(keyFormat, binary.AppendUvarint(nil, dbFormat), nil)
-		if err := b.Commit(pebble.Sync); err != nil {
-			return fmt.Errorf("record replica %q: %w", replica, err)
+	if ok && string(stored) != replica && len(stored) > 0 {
+		return 0, fmt.Errorf("%w: directory holds replica %q, opened as %q", ErrReplicaMismatch, stored, replica)
+	}
+	if ok {
+		f, _, err := get(pdb, keyFormat)
+		if err != nil {
+			return 0, err
 		}
-		return nil
+		if v, err := decodeCount(f); err != nil || (v != 1 && v != dbFormat) {
+			return 0, fmt.Errorf("%w: format %x, want 1 or %d", ErrCorrupt, f, dbFormat)
+		}
+		if n, ok, err := get(pdb, keySaves); err != nil {
+			return 0, err
+		} else if ok {
+			if saves, err = decodeCount(n); err != nil {
+				return 0, fmt.Errorf("%w: save count: %w", ErrCorrupt, err)
+			}
+		}
 	}
-	if string(stored) != replica {
-		return fmt.Errorf("%w: directory holds replica %q, opened as %q", ErrReplicaMismatch, stored, replica)
+	if readOnly || (ok && string(stored) == replica && saves > 0) {
+		return saves, nil
 	}
-	f, ok, err := get(pdb, keyFormat)
-	if err != nil {
-		return err
+	b := pdb.NewBatch()
+	defer b.Close()
+	_ = b.Set(keyReplica, []byte(replica), nil) // a batch Set only fails on a closed batch
+	_ = b.Set(keyFormat, binary.AppendUvarint(nil, dbFormat), nil)
+	if err := b.Commit(pebble.Sync); err != nil {
+		return 0, fmt.Errorf("record replica %q: %w", replica, err)
 	}
-	if v, err := decodeCount(f); !ok || err != nil || v != dbFormat {
-		return fmt.Errorf("%w: format %x, want %d", ErrCorrupt, f, dbFormat)
-	}
-	return nil
+	return saves, nil
 }
 
 // get returns a copy of key's value, and whether key exists.
@@ -266,12 +355,29 @@ func (d *DB) Replica() string { return d.replica }
 // must save those slots again with a later flush: Local.Delta already
 // cleared them from its changed set.
 func (d *DB) SaveFlush(own, remote []crdt.Slot, streamSeq uint64) error {
-	start := time.Now()
+	return d.write(func(pdb *pebble.DB) error { return d.saveFlush(pdb, own, remote, streamSeq) })
+}
+
+// write runs f, one write, with the Pebble store: writes go one at a time
+// (wmu), only while the disk is writable (ErrDiskFull otherwise), and never
+// after Close (ErrDBClosed).
+func (d *DB) write(f func(pdb *pebble.DB) error) error {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	if err := d.writable(); err != nil {
+		return err
+	}
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	if d.pdb == nil {
 		return ErrDBClosed
 	}
+	return f(d.pdb)
+}
+
+// saveFlush is SaveFlush's work; requires write's locks.
+func (d *DB) saveFlush(pdb *pebble.DB, own, remote []crdt.Slot, streamSeq uint64) error {
+	start := time.Now()
 	size := 32
 	for _, s := range own {
 		if s.Replica != d.replica {
@@ -287,7 +393,7 @@ func (d *DB) SaveFlush(own, remote []crdt.Slot, streamSeq uint64) error {
 		size += 24 + len(s.Key) + len(s.Replica)
 	}
 
-	b := d.pdb.NewBatchWithSize(size)
+	b := pdb.NewBatchWithSize(size)
 	defer b.Close()
 	var (
 		key   []byte
@@ -313,7 +419,7 @@ func (d *DB) SaveFlush(own, remote []crdt.Slot, streamSeq uint64) error {
 		slots++
 	}
 	_ = b.Set(keySeq, binary.BigEndian.AppendUint64(val[:0], streamSeq), nil)
-	if err := b.Commit(pebble.Sync); err != nil {
+	if err := d.commitSave(b); err != nil {
 		return fmt.Errorf("replication: pebble: save flush of %d own and %d remote slots, seq %d: %w",
 			len(own), len(remote), streamSeq, err)
 	}
@@ -344,7 +450,7 @@ func (d *DB) Load() (own, remote []crdt.Slot, streamSeq uint64, err error) {
 		err = cerr
 	}
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("replication: pebble: load %s: %w", d.dir, err)
+		return nil, nil, 0, fmt.Errorf("replication: pebble: load %s: %w", d.dir, readError(d.dir, err))
 	}
 	d.lastLoadNanos.Store(int64(time.Since(start)))
 	d.lastLoadSlots.Store(int64(len(own) + len(remote)))
@@ -381,6 +487,13 @@ func (d *DB) load(it *pebble.Iterator) (own, remote []crdt.Slot, streamSeq uint6
 	nOwn := 0
 	for valid := it.First(); valid; valid = it.Next() {
 		k := it.Key()
+		if len(k) > 0 && k[0] == tagState {
+			// Saved states are LoadStates'; skip them all at once.
+			if valid = it.SeekGE([]byte{tagState + 1}); !valid {
+				break
+			}
+			k = it.Key()
+		}
 		v, err := it.ValueAndErr()
 		if err != nil {
 			return nil, nil, 0, fmt.Errorf("key %x: %w", k, err)
@@ -442,15 +555,15 @@ func (d *DB) load(it *pebble.Iterator) (own, remote []crdt.Slot, streamSeq uint6
 // the number of slots. It does not stop a later SaveFlush from writing such a
 // window again; the next DropBefore deletes it with the rest.
 func (d *DB) DropBefore(window int64) error {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	if d.pdb == nil {
-		return ErrDBClosed
-	}
+	return d.write(func(pdb *pebble.DB) error { return dropBefore(pdb, window) })
+}
+
+// dropBefore is DropBefore's work; requires write's locks.
+func dropBefore(pdb *pebble.DB, window int64) error {
 	if window == math.MinInt64 {
 		return nil // no window starts before it
 	}
-	b := d.pdb.NewBatch()
+	b := pdb.NewBatch()
 	defer b.Close()
 	for _, tag := range []byte{tagOwn, tagRemote} {
 		start := []byte{tag}
@@ -494,7 +607,10 @@ func (d *DB) Close() error {
 	}
 	pdb := d.pdb
 	d.pdb = nil
-	ferr := pdb.Flush() // an optimization: close even if it fails
+	var ferr error
+	if !d.readOnly && d.guard.full() == nil {
+		ferr = pdb.Flush() // an optimization: close even if it fails; never on a full disk
+	}
 	if err := errors.Join(ferr, pdb.Close()); err != nil {
 		return fmt.Errorf("replication: pebble: close %s: %w", d.dir, err)
 	}

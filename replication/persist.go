@@ -1,6 +1,7 @@
 package replication
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -75,7 +76,9 @@ func (p *Persisted) Save(own []crdt.Slot) error {
 		return nil
 	}
 	if err := p.db.SaveFlush(own, p.remote, p.seq); err != nil {
-		p.log.Error("replication: saving the flush failed; nothing is published until it succeeds", "err", err, "slots", len(own))
+		if !errors.Is(err, ErrDiskFull) { // a full disk is logged, rate-limited, by the Keeper
+			p.log.Error("replication: saving the flush failed; nothing is published until it succeeds", "err", err, "slots", len(own))
+		}
 		return fmt.Errorf("replication: save %d own slots: %w", len(own), err)
 	}
 	p.remote = p.remote[:0]

@@ -137,6 +137,7 @@ func (r *Replicator) receive(subject string, data []byte) (in inbound, ok bool) 
 	}
 	if pop == r.cfg.POP {
 		r.skippedOwn.Add(1)
+		r.restoreOwn(kind, region, pop, data) // receive_own.go
 		return in, false
 	}
 	switch kind {

@@ -77,14 +77,7 @@ func startPoP(t *testing.T, bin string, args ...string) *exec.Cmd {
 
 func popCheck(t *testing.T, addr string) int {
 	t.Helper()
-	resp, err := http.Post("http://"+addr+"/v1/check", "application/json",
-		strings.NewReader(`{"domain":"edge","descriptors":[{"entries":[{"key":"api_key","value":"k"}]}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode
+	return checkKey(t, addr, "api_key")
 }
 
 // Two PoPs of one region share a global limit over a real embedded NATS

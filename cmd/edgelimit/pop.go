@@ -17,6 +17,7 @@ import (
 	"github.com/edgelimit/edgelimit/pop/node"
 	"github.com/edgelimit/edgelimit/pop/quota"
 	"github.com/edgelimit/edgelimit/pop/store"
+	"github.com/edgelimit/edgelimit/replication"
 )
 
 const popUsage = `Usage: edgelimit pop [flags]
@@ -53,6 +54,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 		adminTokenFile      string
 		bodyMemoryMiB       int
 		mitigationsEndpoint bool
+		minFreeMiB          int64
 	)
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8080", "address of the HTTP API")
 	fs.StringVar(&cfg.GRPCListen, "grpc-listen", "", "`address` of Envoy's gRPC rate limit service (envoy.service.ratelimit.v3) and the gRPC health service (off when empty)")
@@ -62,6 +64,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&cfg.MergeDomains, "merge-domains", false, "let several rule files define one domain and join their descriptors (Envoy ratelimit's\nMERGE_DOMAIN_CONFIG); without it a domain defined twice is an error")
 	fs.BoolVar(&cfg.AllowEmptyRules, "allow-empty-rules", false, "accept a rule set without limits (it admits every request); without it, an empty rule set\nfails to start and a reload to one fails and keeps the last good rules")
 	fs.StringVar(&cfg.DataDir, "data", "./data", "data `directory` for the PoP's durable state (created if missing)")
+	fs.Int64Var(&minFreeMiB, "data-min-free-mib", replication.DefaultMinFree>>20, "free space (MiB) the PoP leaves on the --data disk: below it, it stops saving, keeps deciding\nfrom memory, fails /readyz, and saves again once this plus a 16 MiB ballast are free")
 	fs.StringVar(&cfg.Store, "store", "embedded", "counter store: embedded (in-process), or a Redis `URL` shared by the PoP's servers:\nredis://[user:pass@]host:port[/db], rediss:// for TLS, or host:port,host:port,... for a Redis Cluster")
 	fs.StringVar(&redisPasswordFile, "redis-password-file", "", "`file` holding the Redis password (one line; it replaces a password in --store's URL,\nand keeps it out of the command line and the environment)")
 	fs.DurationVar(&cfg.RedisTimeout, "redis-timeout", 5*time.Millisecond, "deadline of a Redis check; past it the embedded store decides")
@@ -80,7 +83,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&repl.region, "region", "", "this PoP's region; with --pop, limits with scope region or global count across PoPs")
 	fs.StringVar(&repl.pop, "pop", "", "this PoP's name, its replica name: unique across regions")
 	fs.StringVar(&repl.topology, "topology", "", "every region's PoPs: `region=pop,pop;region=pop` (default: this PoP alone)")
-	fs.DurationVar(&repl.flush, "flush-interval", 100*time.Millisecond, "how often the PoP publishes what it counted to the other PoPs")
+	fs.DurationVar(&repl.flush, "flush-interval", 100*time.Millisecond, "how often the PoP saves what it counted to --data and publishes it to the other PoPs:\na kill -9 loses at most the hits admitted in the last interval")
 	fs.DurationVar(&repl.urgent, "urgent-interval", 10*time.Millisecond, "least time between two publications of urgent news — a new mitigation bit, or an admission of a region or global limit — which do not wait for the flush; lower it for tighter global limits at the price of more messages")
 	fs.DurationVar(&repl.snapshot, "snapshot-interval", 5*time.Second, "how often the PoP republishes all it counts (anti-entropy); raise it with hundreds of thousands of keys")
 	fs.DurationVar(&repl.unreachableAfter, "unreachable-after", 3*time.Second, "how long without a presence beacon from a region before it counts as cut off and global limits shrink to --partition-share (a few beacon intervals of 500ms)")
@@ -156,9 +159,20 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	cfg.Logger = log
+	switch {
+	case repl.flush <= 0:
+		return fmt.Errorf("--flush-interval must be > 0, got %v", repl.flush)
+	case minFreeMiB < 0:
+		return fmt.Errorf("--data-min-free-mib must be >= 0, got %d", minFreeMiB)
+	}
+	dur := &durable{dir: cfg.DataDir, replica: repl.pop, interval: repl.flush, minFree: max(minFreeMiB<<20, -1), log: log}
+	if minFreeMiB == 0 {
+		dur.minFree = -1 // no check
+	}
+	cfg.Durable = dur.hook
 	if repl.pop != "" {
 		cfg.Replica, cfg.RegionPeers = repl.pop, topo.Peers(repl.pop)
-		cfg.Replicate = repl.replicator(topo, cfg.DataDir, log)
+		cfg.Replicate = repl.replicator(topo, dur, log)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

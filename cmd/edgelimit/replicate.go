@@ -99,18 +99,18 @@ func (f *replFlags) validate() (replication.Topology, error) {
 // replicator returns the node's Replicate hook: restore the store from
 // Pebble, connect to NATS (an embedded server unless --nats names one), and
 // run the replicator with every delta persisted before it is published.
-func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog.Logger) func(context.Context, node.ReplicaHooks) (func() error, error) {
+func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.Logger) func(context.Context, node.ReplicaHooks) (func() error, error) {
+	dataDir := dur.dir
 	return func(ctx context.Context, h node.ReplicaHooks) (func() error, error) {
 		store, bits, reg := h.Counts, h.Bits, h.Registerer
-		db, err := replication.OpenDB(filepath.Join(dataDir, "state"), f.pop,
-			&replication.DBOptions{Logger: replication.PebbleLogger(log)})
+		db, err := dur.open() // the directory the durable hook opened: one Pebble store
 		if err != nil {
 			return nil, err
 		}
 		counts := replication.NewPersisted(store, db, log)
 		seq, err := counts.RestoreFrom()
 		if err != nil {
-			db.Close()
+			dur.release()
 			return nil, err
 		}
 		var cleanup []func()
@@ -118,7 +118,7 @@ func (f *replFlags) replicator(t replication.Topology, dataDir string, log *slog
 			for i := len(cleanup) - 1; i >= 0; i-- {
 				cleanup[i]()
 			}
-			db.Close()
+			dur.release()
 		}
 		url := f.natsURL
 		if url == "" {

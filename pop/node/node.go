@@ -95,6 +95,13 @@ type Config struct {
 	// its first check, so that it can restore durable state into the store,
 	// and returns the function that runs replication until ctx ends.
 	Replicate func(ctx context.Context, h ReplicaHooks) (run func() error, err error)
+	// Durable, when set, makes the embedded store's own table durable (cmd
+	// supplies it: it opens Pebble under DataDir; pop does not import
+	// replication). It is called before the PoP serves its first check and
+	// before Replicate, restores the saved states into h.Store, and returns
+	// the function that keeps saving them until ctx ends and a readiness
+	// check (/readyz fails while it returns an error, e.g. a full disk).
+	Durable func(ctx context.Context, h DurableHooks) (run func() error, ready func() error, err error)
 	// DebugListen, when set, serves net/http/pprof on that address. Keep it
 	// on loopback or a private interface.
 	DebugListen string
@@ -158,6 +165,15 @@ type ReplicaHooks struct {
 	SetClockOffset func(time.Duration)
 }
 
+// DurableHooks is what the node hands to Config.Durable.
+type DurableHooks struct {
+	// Store is the embedded store (with a Redis store, its fallback), made
+	// with MemoryConfig.Durable.
+	Store *store.Memory
+	// Registerer takes the durable state's metrics.
+	Registerer prometheus.Registerer
+}
+
 // Bits is a PoP's mitigation table as replication sees it (replication.Bits).
 type Bits interface {
 	BitsDelta() []crdt.Bit
@@ -210,7 +226,7 @@ func Run(ctx context.Context, cfg Config) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := pop.NewMetrics(reg)
 
-	st, counts, ping, closeStore, err := openStore(cfg, reg)
+	st, mem, counts, ping, closeStore, err := openStore(cfg, reg)
 	if err != nil {
 		return err
 	}
@@ -255,6 +271,31 @@ func Run(ctx context.Context, cfg Config) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	ready := health.ready
+	durableDone := make(chan struct{})
+	if cfg.Durable != nil {
+		run, durableReady, err := cfg.Durable(ctx, DurableHooks{Store: mem, Registerer: reg})
+		if err != nil {
+			return fmt.Errorf("durable state: %w", err)
+		}
+		go func() {
+			defer close(durableDone)
+			if err := run(); err != nil {
+				log.Error("durable state stopped", "err", err)
+			}
+		}()
+		// Wait for the last save before returning, after the servers stop.
+		defer func() { cancel(); <-durableDone }()
+		ready = func() error {
+			if err := health.ready(); err != nil {
+				return err
+			}
+			if err := durableReady(); err != nil {
+				return fmt.Errorf("durable state: %w", err)
+			}
+			return nil
+		}
+	}
 	stopQuotas, adminErr, err := startQuotas(ctx, cfg, eng, reg, log)
 	if err != nil {
 		return err
@@ -301,7 +342,7 @@ func Run(ctx context.Context, cfg Config) error {
 		TopKeys:         top,
 		Metrics:         metrics,
 		MetricsHandler:  promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
-		Ready:           health.ready,
+		Ready:           ready,
 		MaxBodyMemory:   cfg.MaxBodyMemory,
 		HideMitigations: cfg.HideMitigations,
 		DecodeProto:     grpcapi.DecodeJSON,
@@ -336,11 +377,11 @@ func Run(ctx context.Context, cfg Config) error {
 		gsrv = grpcapi.New(grpcapi.Config{Engine: eng, Metrics: metrics, Requests: grpcapi.NewRequestCounter(reg), Logger: log})
 		// The rules loaded before serving; the health service follows the
 		// store's readiness, as /readyz does.
-		gsrv.SetServing(health.ready() == nil)
-		if ping != nil {
+		gsrv.SetServing(ready() == nil)
+		if ping != nil || cfg.Durable != nil {
 			stop := make(chan struct{})
 			defer close(stop)
-			go every(time.Second, stop, func(int64) { gsrv.SetServing(health.ready() == nil) })
+			go every(time.Second, stop, func(int64) { gsrv.SetServing(ready() == nil) })
 		}
 		go func() { errc <- gsrv.Serve(grpcLn) }()
 		log.Info("gRPC rate limit service serving", "listen", grpcLn.Addr().String())
@@ -411,9 +452,9 @@ func storeName(s string) string {
 //
 // ping, nil for the embedded store, asks Redis whether it answers and accepts
 // the credentials.
-func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, counts Counts, ping func(context.Context) error, closeStore func(), err error) {
+func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.Memory, counts Counts, ping func(context.Context) error, closeStore func(), err error) {
 	embedded := cfg.Store == "" || cfg.Store == "embedded"
-	memCfg := store.MemoryConfig{MaxKeys: cfg.MaxKeys}
+	memCfg := store.MemoryConfig{MaxKeys: cfg.MaxKeys, Durable: cfg.Durable != nil}
 	if embedded {
 		memCfg.Replica, memCfg.RegionPeers, memCfg.Extrapolate = cfg.Replica, cfg.RegionPeers, cfg.Extrapolate
 		if cfg.Extrapolate && cfg.Replica != "" {
@@ -427,7 +468,7 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, counts Coun
 			memCfg.EstimateMiss = func(scope limit.Scope, hits float64) { miss.WithLabelValues(scope.String()).Observe(hits) }
 		}
 	}
-	mem := store.NewMemory(memCfg)
+	mem = store.NewMemory(memCfg)
 	registerMemory(reg, mem)
 	stop := make(chan struct{})
 	sweepEvery := cfg.SweepInterval
@@ -436,22 +477,22 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, counts Coun
 	}
 	go every(sweepEvery, stop, func(now int64) { mem.SweepAt(now) })
 	if embedded {
-		return mem, mem, nil, func() { close(stop) }, nil
+		return mem, mem, mem, nil, func() { close(stop) }, nil
 	}
 	clock, err := store.ParseClockSource(cfg.RedisClock)
 	if err != nil {
 		close(stop)
-		return nil, nil, nil, nil, fmt.Errorf("--redis-clock: %w", err)
+		return nil, nil, nil, nil, nil, fmt.Errorf("--redis-clock: %w", err)
 	}
 	rs, err := store.OpenRedis(store.RedisConfig{URL: cfg.Store, Password: cfg.RedisPassword, Timeout: cfg.RedisTimeout, ClockSource: clock,
 		BatchWindow: cfg.RedisBatchWindow, Pipelines: cfg.RedisPipelines, Replica: cfg.Replica, RegionPeers: cfg.RegionPeers})
 	if err != nil {
 		close(stop)
-		return nil, nil, nil, nil, fmt.Errorf("store: %w", err)
+		return nil, nil, nil, nil, nil, fmt.Errorf("store: %w", err)
 	}
 	fb := store.NewFallback(rs, mem, store.FallbackConfig{Failures: cfg.BreakerFailures, Cooldown: cfg.BreakerCooldown})
 	registerFallback(reg, fb)
-	return fb, rs, rs.Ping, func() { close(stop); _ = rs.Close() }, nil
+	return fb, mem, rs, rs.Ping, func() { close(stop); _ = rs.Close() }, nil
 }
 
 func registerFallback(reg prometheus.Registerer, fb *store.Fallback) {
@@ -468,6 +509,10 @@ func registerFallback(reg prometheus.Registerer, fb *store.Fallback) {
 			func(s store.FallbackStats) uint64 { return s.FailClosedDenials }),
 		counter("edgelimit_store_breaker_opens_total", "Times the circuit breaker in front of Redis opened.",
 			func(s store.FallbackStats) uint64 { return s.BreakerOpens }),
+		counter("edgelimit_store_reconciled_hits_total", "Hits given back to Redis because this server knew of more than Redis reported: admitted while Redis was away, or lost when it restarted empty.",
+			func(s store.FallbackStats) uint64 { return s.ReconciledHits }),
+		counter("edgelimit_store_reconcile_denials_total", "Checks Redis allowed that this server's own counts denied (Redis had lost counts).",
+			func(s store.FallbackStats) uint64 { return s.ReconcileDenials }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "edgelimit_store_breaker_state",
 			Help: "The circuit breaker in front of Redis: 0 closed (Redis decides), 1 open (the embedded store decides), 2 half-open (probing).",

@@ -93,8 +93,12 @@ type FallbackConfig struct {
 // input (ErrInvalidCheck) are returned as they are, and do not count against
 // the primary; so are the secondary's errors (Memory has none).
 //
-// Counts made on the secondary while the primary was away stay there: they
-// are not written back when the primary returns.
+// When the secondary is the embedded store, the two are reconciled
+// (reconcile.go): the secondary follows what the primary reports, so that it
+// goes on from there when the primary goes away, and the primary is given
+// back what the secondary counted that it lacks (the hits admitted while it
+// was away, or everything, when it restarted empty) the next time the key is
+// checked.
 //
 // A Fallback is safe for concurrent use. Its zero value is not usable; call
 // NewFallback.
@@ -114,6 +118,11 @@ type Fallback struct {
 	fallbackDecisions atomic.Uint64
 	failClosedDenials atomic.Uint64
 	opens             atomic.Uint64
+	reconciled        atomic.Uint64  // hits added to the primary from the secondary's knowledge
+	reconcileDenials  atomic.Uint64  // checks the primary allowed and the secondary's knowledge denied
+	seeding           sync.Map       // keys whose seed is in flight (reconcile.go)
+	inFlight          atomic.Int32   // seeds in flight
+	seeds             sync.WaitGroup // seeds in flight, for tests
 }
 
 // NewFallback returns a Fallback over primary and secondary, closed.
@@ -151,6 +160,12 @@ type FallbackStats struct {
 	FailClosedDenials uint64
 	// BreakerOpens counts the times the breaker opened.
 	BreakerOpens uint64
+	// ReconciledHits counts hits added to the primary because the
+	// secondary knew of more than the primary reported (reconcile.go).
+	ReconciledHits uint64
+	// ReconcileDenials counts checks the primary allowed but the
+	// secondary's knowledge denied.
+	ReconcileDenials uint64
 	// State is the breaker's state now.
 	State BreakerState
 }
@@ -164,6 +179,8 @@ func (f *Fallback) Stats() FallbackStats {
 		FallbackDecisions: f.fallbackDecisions.Load(),
 		FailClosedDenials: f.failClosedDenials.Load(),
 		BreakerOpens:      f.opens.Load(),
+		ReconciledHits:    f.reconciled.Load(),
+		ReconcileDenials:  f.reconcileDenials.Load(),
 		State:             f.BreakerState(),
 	}
 }
@@ -184,6 +201,9 @@ func (f *Fallback) CheckAt(ctx context.Context, now, hits int64, items []limit.I
 		case err == nil:
 			f.primaryDecisions.Add(1)
 			f.succeeded(probe)
+			if r, ok := f.secondary.(reconciler); ok && hits > 0 {
+				f.reconcile(r, now, hits, items, out)
+			}
 			return nil
 		case errors.Is(err, ErrInvalidCheck):
 			if probe {

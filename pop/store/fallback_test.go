@@ -109,6 +109,7 @@ func TestFallbackBreaker(t *testing.T) {
 	}
 	wantState := func(want BreakerState, primaryCalls int64) {
 		t.Helper()
+		f.seeds.Wait() // reconcile's seeds run in the background
 		if got := f.BreakerState(); got != want {
 			t.Fatalf("breaker %v, want %v", got, want)
 		}
@@ -124,33 +125,35 @@ func TestFallbackBreaker(t *testing.T) {
 	check() // two failures: still closed
 	wantState(BreakerClosed, 3)
 	primary.fail.Store(false)
-	check() // a success resets the count
+	check() // a success resets the count, and gives the primary the 2 hits it missed
+	wantState(BreakerClosed, 5)
 	primary.fail.Store(true)
 	check()
 	check()
-	wantState(BreakerClosed, 6)
+	wantState(BreakerClosed, 7)
 	check() // third in a row
-	wantState(BreakerOpen, 7)
+	wantState(BreakerOpen, 8)
 	for range 10 {
 		check() // open: the primary is not asked
 	}
-	wantState(BreakerOpen, 7)
+	wantState(BreakerOpen, 8)
 
 	clock.Advance(time.Second)
 	check() // the probe fails: open again for a cooldown
-	wantState(BreakerOpen, 8)
+	wantState(BreakerOpen, 9)
 	clock.Advance(999 * time.Millisecond)
 	check()
-	wantState(BreakerOpen, 8)
+	wantState(BreakerOpen, 9)
 	clock.Advance(time.Millisecond)
 	primary.fail.Store(false)
-	check() // the probe succeeds
-	wantState(BreakerClosed, 9)
+	check() // the probe succeeds, and the primary gets the 15 hits it missed
+	wantState(BreakerClosed, 11)
 	check()
-	wantState(BreakerClosed, 10)
+	wantState(BreakerClosed, 12)
 
+	f.seeds.Wait()
 	st := f.Stats()
-	want := FallbackStats{PrimaryDecisions: 4, PrimaryErrors: 6, FallbackDecisions: 17, BreakerOpens: 1, State: BreakerClosed}
+	want := FallbackStats{PrimaryDecisions: 4, PrimaryErrors: 6, FallbackDecisions: 17, BreakerOpens: 1, State: BreakerClosed, ReconciledHits: 17}
 	if st != want {
 		t.Fatalf("stats %+v, want %+v", st, want)
 	}

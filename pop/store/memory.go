@@ -50,6 +50,11 @@ type MemoryConfig struct {
 	// guessed since) was from the report, in hits; positive when it
 	// overestimated. It shows the estimator working in production.
 	EstimateMiss func(scope limit.Scope, hits float64)
+	// Durable makes the store note which of its own keys (those not counted
+	// across PoPs) admitted hits or went away, for TakeStates: a driver
+	// saves them every flush interval and restores them after a restart
+	// (durable.go). Without it the store keeps no such log.
+	Durable bool
 }
 
 // Memory is the embedded in-process counter store. It keeps one limit.State per
@@ -72,6 +77,8 @@ type Memory struct {
 	rep      *replicated // nil without a replica name
 	urgent   chan struct{}
 	onMiss   func(limit.Scope, float64)
+	durable  bool
+	changes  [shardCount]changeLog // see durable.go; changes[i] requires shards[i].mu
 
 	clock atomic.Int64 // correction of the wall clock for Apply, ns
 
@@ -98,7 +105,7 @@ func NewMemory(cfg MemoryConfig) *Memory {
 	if maxKeys <= 0 {
 		maxKeys = DefaultMaxKeys
 	}
-	s := &Memory{seed: maphash.MakeSeed(), perShard: max(maxKeys/shardCount, 1), urgent: make(chan struct{}, 1)}
+	s := &Memory{seed: maphash.MakeSeed(), perShard: max(maxKeys/shardCount, 1), urgent: make(chan struct{}, 1), durable: cfg.Durable}
 	if cfg.Replica != "" {
 		s.rep = newReplicated(cfg.Replica, cfg.RegionPeers, cfg.Extrapolate)
 		if cfg.Extrapolate {
@@ -124,6 +131,9 @@ func (s *Memory) CheckAt(_ context.Context, now, hits int64, items []limit.Item,
 			sl := &sh.t.slots[i]
 			out[0] = items[0].Take(&sl.st, now, hits) // a shadow limit adds only what it allowed, as Decide does
 			sl.idleAt = items[0].Spec.IdleAt(&sl.st)
+			if s.durable && out[0].Allowed && hits > 0 {
+				s.noteChanged(int(h>>56), h)
+			}
 		} else {
 			var fresh limit.State // untracked: see shard.get
 			out[0] = items[0].Take(&fresh, now, hits)
@@ -181,6 +191,7 @@ func (s *Memory) SweepAt(now int64) int {
 		t := &sh.t
 		for j := uint64(0); j < uint64(len(t.slots)); {
 			if sl := &t.slots[j]; sl.hash != 0 && sl.idleAt <= now {
+				s.noteGone(i, t.keys[j])
 				t.remove(j) // a later slot may shift into j: look at j again
 				removed++
 				continue
@@ -245,6 +256,7 @@ func (sh *shard) evict(s *Memory, h uint64, now int64) bool {
 	default:
 		return false
 	}
+	s.noteGone(int(v.hash>>56), sh.t.keys[victim])
 	sh.t.remove(uint64(victim))
 	return true
 }

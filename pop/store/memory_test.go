@@ -134,8 +134,12 @@ func BenchmarkMemoryCheck(b *testing.B) {
 	key := func(dst []byte, i uint32) []byte {
 		return strconv.AppendUint(append(dst[:0], "bench:"...), uint64(i), 10)
 	}
-	for _, keys := range []uint32{1, 1 << 20} {
-		s := NewMemory(MemoryConfig{MaxKeys: 2 << 20})
+	for _, c := range []struct {
+		keys    uint32
+		durable bool // with a driver taking the changes every 100ms, as a PoP does
+	}{{1, false}, {1, true}, {1 << 20, false}, {1 << 20, true}} {
+		keys := c.keys
+		s := NewMemory(MemoryConfig{MaxKeys: 2 << 20, Durable: c.durable})
 		now := limittest.T0.UnixNano()
 		out := make([]limit.Decision, 1)
 		var buf []byte
@@ -143,7 +147,24 @@ func BenchmarkMemoryCheck(b *testing.B) {
 			buf = key(buf, i)
 			_ = s.CheckAt(context.Background(), now, 1, []limit.Item{{Key: buf, Spec: spec}}, out)
 		}
+		s.TakeStates()
 		runtime.GC() // the million inserts' garbage is not the checks' cost
+		name := fmt.Sprintf("keys=%d", keys)
+		if c.durable {
+			name += "/durable"
+			stop := make(chan struct{})
+			go func() {
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(100 * time.Millisecond):
+						s.TakeStates()
+					}
+				}
+			}()
+			defer close(stop)
+		}
 		run := func(pb interface{ Next() bool }, seed uint32) {
 			items := []limit.Item{{Spec: spec}}
 			out := make([]limit.Decision, 1)
@@ -158,11 +179,11 @@ func BenchmarkMemoryCheck(b *testing.B) {
 				_ = s.CheckAt(context.Background(), now, 1, items, out)
 			}
 		}
-		b.Run(fmt.Sprintf("keys=%d/serial", keys), func(b *testing.B) {
+		b.Run(name+"/serial", func(b *testing.B) {
 			b.ReportAllocs()
 			run(loop{b}, 1)
 		})
-		b.Run(fmt.Sprintf("keys=%d/parallel", keys), func(b *testing.B) {
+		b.Run(name+"/parallel", func(b *testing.B) {
 			b.ReportAllocs()
 			var seed atomic.Uint32
 			b.RunParallel(func(pb *testing.PB) { run(pb, seed.Add(0x9E3779B9)|1) })

@@ -411,6 +411,9 @@ func (s *Memory) checkMany(now, hits int64, items []limit.Item, out []limit.Deci
 		t := &s.shards[h>>56].t
 		if j := t.find(h); j >= 0 {
 			t.slots[j].idleAt = items[i].Spec.IdleAt(states[i])
+			if s.durable && admitted && out[i].Allowed && hits > 0 {
+				s.noteChanged(int(h>>56), h)
+			}
 		}
 	}
 	if replicated {
