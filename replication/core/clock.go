@@ -2,6 +2,7 @@ package core
 
 import (
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -103,15 +104,7 @@ func (s *clockSync) echoes(now, fresh int64) []Echo {
 			e = append(e, Echo{POP: pop, Sent: p.lastSent, Recv: p.lastRecv})
 		}
 	}
-	slices.SortFunc(e, func(a, b Echo) int {
-		if a.POP < b.POP {
-			return -1
-		}
-		if a.POP > b.POP {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(e, func(a, b Echo) int { return strings.Compare(a.POP, b.POP) })
 	return e
 }
 
