@@ -39,11 +39,11 @@ func TestExtrapolation(t *testing.T) {
 		want float64 // hits of b counted beyond what was heard
 	}{
 		// b had none of the key in the previous window, so its rate is
-		// its count over this window up to its news: 300 in 30 s, 10 a
-		// second, times the age of what we hold.
-		{"on arrival: 50 ms old", t0 + 50*ms, 10 * 0.05},
-		{"100 ms later: 150 ms old", t0 + 150*ms, 10 * 0.15},
-		{"capped at one gap past the lag", t0 + 5*int64(time.Second), 10 * 0.15},
+		// its count over this window up to its news, less the hit that
+		// made it send: 299 in 30 s, times the age of what we hold.
+		{"on arrival: 50 ms old", t0 + 50*ms, 299.0 / 30 * 0.05},
+		{"100 ms later: 150 ms old", t0 + 150*ms, 299.0 / 30 * 0.15},
+		{"capped at one gap past the lag", t0 + 5*int64(time.Second), 299.0 / 30 * 0.15},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -86,9 +86,10 @@ func TestExtrapolationDenies(t *testing.T) {
 		s.ApplyAt(t0-100*ms+50*ms, t0-100*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 80}})
 		got := admit(t, s, t0, it, 20)
 		// Heard: 80, so 20 fit. Extrapolated: b's 80 hits in the 800 ms
-		// of the window before its news are 100 a second, times the
-		// 100 ms age of what we hold (50 ms on the way, 50 ms since), is
-		// 10 more: 10 fit.
+		// of the window before its news (79 of them within it: the 80th
+		// made it send) are about 99 a second, times the 100 ms age of
+		// what we hold (50 ms on the way, 50 ms since), is 9.9 more: 10
+		// fit.
 		want := 20
 		if on {
 			want = 10
@@ -283,5 +284,118 @@ func BenchmarkReplicatedCheck(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// TestFirstNewsRate: a replica's first news of a key it began to admit with
+// this window says n hits in a span that ends with the n-th (it sends news
+// right after it admits), so its rate is n−1 over that span; one hit says no
+// rate at all.
+func TestFirstNewsRate(t *testing.T) {
+	ms := int64(time.Millisecond)
+	it := replItem("first", 8, limit.ScopeGlobal) // a minute window; small, so one hit heard is near it
+	t0 := limittest.T0.UnixNano()                 // a window starts here
+	for _, n := range []uint64{1, 2, 5} {
+		s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+		sent := t0 + 100*ms // 100 ms into the window, 50 ms on the way
+		s.ApplyAt(sent+50*ms, sent, []crdt.Slot{{Key: string(it.Key), Window: t0, Replica: "b", Count: n}})
+		s.rep.mu.Lock()
+		st := s.rep.state(&it, sent+100*ms)
+		s.rep.mu.Unlock()
+		// n−1 hits in 100 ms, times the age: 50 ms on the way and 50 ms
+		// since, but no more than the delay while no gap between b's
+		// messages is known yet: 50 ms.
+		want := float64(n-1) / 100 * 50
+		if d := st.Unheard - want; d > 1e-4 || d < -1e-4 { // ns stamps as float64 are off by ~256 ns
+			t.Errorf("count %d: Unheard = %v, want %v", n, st.Unheard, want)
+		}
+	}
+}
+
+// TestRecentSince checks what recentHits remembers: exactly what was admitted
+// after an instant its ring reaches back to, and an extrapolation at the
+// ring's rate past it.
+func TestRecentSince(t *testing.T) {
+	var r recentHits
+	for i := range int64(100) { // one hit a ms, 100 of them: the ring holds the last 32
+		r.add(i*int64(time.Millisecond), 1)
+	}
+	now := 99 * int64(time.Millisecond)
+	for _, c := range []struct {
+		t    int64
+		want float64
+	}{
+		{now, 0},
+		{90 * int64(time.Millisecond), 9},
+		{68 * int64(time.Millisecond), 31}, // the oldest held is at 68 ms
+		// Past the ring: 31 hits after its oldest, in 31 ms, times 59 ms.
+		{40 * int64(time.Millisecond), 59},
+	} {
+		if got := r.since(c.t, now); got-c.want > 1e-9 || c.want-got > 1e-9 {
+			t.Errorf("since(%v) = %v, want %v", time.Duration(c.t), got, c.want)
+		}
+	}
+}
+
+// TestMirrorNeedsMemory: when this PoP began to remember its admissions of a
+// key (it came near the limit) less than one age of the other's news ago, it
+// does not know what it admitted over that age, so the guess goes by the
+// other replica's own rate instead of mirroring what it remembers — which
+// took a sprayer's first 100 ms at world scale for nothing admitted.
+func TestMirrorNeedsMemory(t *testing.T) {
+	ms := int64(time.Millisecond)
+	w := int64(time.Second)
+	l := &rules.Limit{Domain: "d", Unit: rules.Second, Scope: limit.ScopeGlobal,
+		Spec: limit.Spec{Algorithm: limit.SlidingWindow, Limit: 100, Window: w}}
+	it := limit.Item{Key: l.AppendKey(nil, []rules.Entry{{Key: "k", Value: "c"}}), Spec: l.Spec, Scope: l.Scope}
+	t0 := limittest.T0.UnixNano() // a window starts here; the key starts with it
+	s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+	// a admits 10 in the first 100 ms (one each 10 ms): not near the limit
+	// yet, so it remembers none of them.
+	for i := range int64(10) {
+		if admit(t, s, t0+i*10*ms, it, 1) != 1 {
+			t.Fatal("denied far from the limit")
+		}
+	}
+	// b's news: 15 hits as of 150 ms into the window, 100 ms on the way.
+	s.ApplyAt(t0+250*ms, t0+150*ms, []crdt.Slot{{Key: string(it.Key), Window: t0, Replica: "b", Count: 15}})
+	// a admits one more, now near the limit (10 + 15 + b's guess ≥ 25): it
+	// begins to remember here.
+	if admit(t, s, t0+255*ms, it, 1) != 1 {
+		t.Fatal("denied the 11th hit")
+	}
+	s.rep.mu.Lock()
+	st := s.rep.state(&it, t0+260*ms)
+	s.rep.mu.Unlock()
+	// b's news is 100 ms old (110 ms, capped at its delay while no gap
+	// between its messages is known); a remembers only 5 ms of that. By
+	// b's own rate: 14 hits in 150 ms, times 100 ms.
+	want := 14.0 / 150 * 100
+	if d := st.Unheard - want; d > 1e-4 || d < -1e-4 { // ns stamps as float64 are off by ~256 ns
+		t.Fatalf("Unheard = %v, want %v (b's own rate); mirroring a's one remembered hit says 1.5", st.Unheard, want)
+	}
+}
+
+// TestClockStep: when a replica's stamp-to-apply delay steps by more than
+// jitter — a clock moved — the age of its news follows at once instead of
+// over a dozen messages.
+func TestClockStep(t *testing.T) {
+	ms := int64(time.Millisecond)
+	c := &replicaClock{}
+	now := int64(1000 * time.Second)
+	for i := range int64(20) { // 310 ms: a clock 300 ms behind, 10 ms on the way
+		sent := now + i*10*ms
+		c.heard(sent+310*ms, sent)
+	}
+	// The clocks agree: the next message says 10 ms.
+	sent := now + 200*ms
+	c.heard(sent+10*ms, sent)
+	if got := c.age(sent + 10*ms); got != float64(10*ms) {
+		t.Fatalf("age on arrival after the step = %v, want 10ms", time.Duration(got))
+	}
+	// Jitter is smoothed, not followed.
+	c.heard(sent+10*ms+30*ms, sent+10*ms)
+	if got := c.age(sent + 40*ms); got != float64(10*ms)+float64(20*ms)/8 {
+		t.Fatalf("age after 30 ms of jitter = %v, want 12.5ms", time.Duration(got))
 	}
 }

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -44,6 +45,9 @@ type replicaClock struct {
 const (
 	maxClockGap = int64(time.Second)
 	maxClockLag = int64(500 * time.Millisecond)
+	// lagStep is a change of a replica's stamp-to-apply delay taken for a
+	// step of a clock rather than jitter.
+	lagStep = float64(50 * time.Millisecond)
 )
 
 // clock returns the clock of the named replica, or nil. Requires r.mu held.
@@ -62,9 +66,15 @@ func (c *replicaClock) heard(now, sent int64) {
 		return // an older message, a duplicate, or no stamp
 	}
 	lag := float64(min(max(now-sent, 0), maxClockLag))
-	if c.sent == 0 {
+	if c.sent == 0 || math.Abs(lag-c.lag) > lagStep {
+		// The first news, or a clock stepped — ours or the replica's, by
+		// clock agreement (replication/core) or NTP: its stamps now read
+		// differently, and smoothing over the step would spend a dozen
+		// messages on ages off by it (300 ms: hundreds of a sprayer's hits
+		// guessed that never came, skew's false denials).
 		c.lag = lag
-	} else {
+	}
+	if c.sent != 0 {
 		gap := float64(min(sent-c.sent, maxClockGap))
 		if c.gap == 0 {
 			c.gap = gap
@@ -96,6 +106,7 @@ type recentHits struct {
 	at, total [recentLen]int64
 	next, n   int // where the next admission goes, and how many are held
 	sum       int64
+	from      int64 // when it began to remember: it knows nothing of before
 }
 
 const recentLen = 32
@@ -110,20 +121,29 @@ func (r *recentHits) add(now, hits int64) {
 	r.n = min(r.n+1, recentLen)
 }
 
-// since returns how many hits were admitted after t, as far as it remembers.
-func (r *recentHits) since(t int64) int64 {
-	before := r.sum // the running total at t
+// since returns how many hits were admitted after t, up to now. When t is
+// further back than the admissions it holds reach, it extrapolates at the
+// rate they came: a key admitted at 1000/s fills the ring in 32 ms while the
+// age of news from another continent is 50–150 ms, and counting only what
+// the ring held took a third of the hits for the whole age (spray's worst,
+// 6.6%).
+func (r *recentHits) since(t, now int64) float64 {
 	for k := 1; k <= r.n; k++ {
 		i := (r.next - k + recentLen) % recentLen
 		if r.at[i] <= t {
-			return r.sum - r.total[i]
+			return float64(r.sum - r.total[i])
 		}
-		before = r.total[i]
 	}
 	if r.n < recentLen {
-		return r.sum // everything it ever counted was after t
+		return float64(r.sum) // everything it counted was after t (see from)
 	}
-	return r.sum - before + 1 // at least what it holds
+	oldest := r.next                         // the ring is full: the next slot holds the oldest
+	held := float64(r.sum - r.total[oldest]) // admitted after the oldest held
+	span := now - r.at[oldest]
+	if span <= 0 {
+		return held
+	}
+	return held * float64(now-t) / float64(span)
 }
 
 // last returns when the latest admission was, or 0.
@@ -243,8 +263,12 @@ func (c *replicaClock) guess(cur, prev uint64, start, w, now int64, rh *recentHi
 	weight := prevWeight(now, start, w)
 	theirs := float64(prev)*weight + float64(cur) // its sliding count
 	age := c.age(now)
-	if mine > 0 {
-		since := float64(rh.since(now - int64(age)))
+	if mine > 0 && rh.from <= now-int64(age) {
+		// It remembers the whole age (it began to when the key came near
+		// its limit): what this PoP admitted then is known, not just what
+		// it admitted since it began to remember — counting only that took
+		// a sprayer's first 100 ms for quiet (world's worst, 10%).
+		since := rh.since(now-int64(age), now)
 		if then := mine - since; then >= since {
 			return since * theirs / then
 		}
@@ -253,8 +277,12 @@ func (c *replicaClock) guess(cur, prev uint64, start, w, now int64, rh *recentHi
 		// The replica had none of the key in the previous window: its rate
 		// is its count over the part of this window before its news, not
 		// over a whole window (which a key that just began, a sprayer's
-		// first second above all, is far from having run).
-		return float64(cur) / max(then, c.gap) * age
+		// first second above all, is far from having run). The replica
+		// sends news right after it admits a hit, so its count at the stamp
+		// is n hits in a span that ends with the n-th: n−1 of them fill the
+		// span (counting n guessed world's first 100 ms at twice the rate,
+		// and denied the sprayer below its limit).
+		return max(float64(cur)-1, 0) / max(then, c.gap) * age
 	}
 	rate := theirs / float64(w) // hits per ns
 	inCur := min(age, elapsed)
@@ -284,7 +312,7 @@ func (r *replicated) add(it *limit.Item, st *limit.State, now, hits int64) {
 		if 4*(float64(st.Cur+st.Prev)+st.Unheard) < float64(it.Spec.Limit) {
 			return // far from the limit: not worth the memory
 		}
-		rh = &recentHits{}
+		rh = &recentHits{from: now}
 		u.recent[string(it.Key)] = rh
 	}
 	rh.add(now, hits)
