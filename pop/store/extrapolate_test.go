@@ -39,11 +39,12 @@ func TestExtrapolation(t *testing.T) {
 		want float64 // hits of b counted beyond what was heard
 	}{
 		// b had none of the key in the previous window, so its rate is
-		// its count over this window up to its news, less the hit that
-		// made it send: 299 in 30 s, times the age of what we hold.
-		{"on arrival: 50 ms old", t0 + 50*ms, 299.0 / 30 * 0.05},
-		{"100 ms later: 150 ms old", t0 + 150*ms, 299.0 / 30 * 0.15},
-		{"capped at one gap past the lag", t0 + 5*int64(time.Second), 299.0 / 30 * 0.15},
+		// its count over this window up to its news, the hit that made
+		// it send counted half: 299.5 in 30 s, times the age of what we
+		// hold.
+		{"on arrival: 50 ms old", t0 + 50*ms, 299.5 / 30 * 0.05},
+		{"100 ms later: 150 ms old", t0 + 150*ms, 299.5 / 30 * 0.15},
+		{"capped at one gap past the lag", t0 + 5*int64(time.Second), 299.5 / 30 * 0.15},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -86,8 +87,8 @@ func TestExtrapolationDenies(t *testing.T) {
 		s.ApplyAt(t0-100*ms+50*ms, t0-100*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 80}})
 		got := admit(t, s, t0, it, 20)
 		// Heard: 80, so 20 fit. Extrapolated: b's 80 hits in the 800 ms
-		// of the window before its news (79 of them within it: the 80th
-		// made it send) are about 99 a second, times the 100 ms age of
+		// of the window before its news (the 80th, which made it send,
+		// counted half) are about 99 a second, times the 100 ms age of
 		// what we hold (50 ms on the way, 50 ms since), is 9.9 more: 10
 		// fit.
 		want := 20
@@ -289,8 +290,8 @@ func BenchmarkReplicatedCheck(b *testing.B) {
 
 // TestFirstNewsRate: a replica's first news of a key it began to admit with
 // this window says n hits in a span that ends with the n-th (it sends news
-// right after it admits), so its rate is n−1 over that span; one hit says no
-// rate at all.
+// right after it admits), so its rate is n−½ over that span: the last hit
+// ends the span rather than fills it.
 func TestFirstNewsRate(t *testing.T) {
 	ms := int64(time.Millisecond)
 	it := replItem("first", 8, limit.ScopeGlobal) // a minute window; small, so one hit heard is near it
@@ -302,10 +303,10 @@ func TestFirstNewsRate(t *testing.T) {
 		s.rep.mu.Lock()
 		st := s.rep.state(&it, sent+100*ms)
 		s.rep.mu.Unlock()
-		// n−1 hits in 100 ms, times the age: 50 ms on the way and 50 ms
+		// n−½ hits in 100 ms, times the age: 50 ms on the way and 50 ms
 		// since, but no more than the delay while no gap between b's
 		// messages is known yet: 50 ms.
-		want := float64(n-1) / 100 * 50
+		want := (float64(n) - 0.5) / 100 * 50
 		if d := st.Unheard - want; d > 1e-4 || d < -1e-4 { // ns stamps as float64 are off by ~256 ns
 			t.Errorf("count %d: Unheard = %v, want %v", n, st.Unheard, want)
 		}
@@ -369,8 +370,8 @@ func TestMirrorNeedsMemory(t *testing.T) {
 	s.rep.mu.Unlock()
 	// b's news is 100 ms old (110 ms, capped at its delay while no gap
 	// between its messages is known); a remembers only 5 ms of that. By
-	// b's own rate: 14 hits in 150 ms, times 100 ms.
-	want := 14.0 / 150 * 100
+	// b's own rate: 14.5 hits in 150 ms, times 100 ms.
+	want := 14.5 / 150 * 100
 	if d := st.Unheard - want; d > 1e-4 || d < -1e-4 { // ns stamps as float64 are off by ~256 ns
 		t.Fatalf("Unheard = %v, want %v (b's own rate); mirroring a's one remembered hit says 1.5", st.Unheard, want)
 	}
