@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,6 +20,7 @@ import (
 	"github.com/edgelimit/edgelimit/deploy/lab/faultnet"
 	"github.com/edgelimit/edgelimit/pop/loadgen"
 	"github.com/edgelimit/edgelimit/pop/rules"
+	"github.com/edgelimit/edgelimit/replication/natstest"
 )
 
 // Passwords the lab's NATS servers and PoPs use, as an operator would make
@@ -223,9 +225,37 @@ func (l *lab) natsKeys() (string, error) {
 	return Replace(path, string(b), "    users: [\n", "    users: [\n      { user: probe, password: "+probePassword+" }\n")
 }
 
+// natsTLS makes the certificates of the leaf links between sites, as an
+// operator's CA would (deploy/README.md, "TLS between sites"): one server
+// certificate, also used as the client one a hub verifies, naming every
+// address a leaf link is dialled at — each region's relay on its wan side —
+// and every server's own. It returns the NATS_TLS_* environment.
+func (l *lab) natsTLS() ([]string, error) {
+	var ips []net.IP
+	for _, r := range l.plan.Regions {
+		ips = append(ips, net.ParseIP(wanIP(r.Index, false)))
+		for _, s := range r.NATS {
+			ips = append(ips, net.ParseIP(s.IP))
+		}
+	}
+	dir := filepath.Join(l.cfg.Dir, "tls")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	p, err := natstest.WritePKI(dir, ips, 24*time.Hour)
+	if err != nil {
+		return nil, fmt.Errorf("lab: certificates for the leaf links: %w", err)
+	}
+	return []string{"NATS_TLS_CERT=" + p.ServerCert, "NATS_TLS_KEY=" + p.ServerKey, "NATS_TLS_CA=" + p.CAFile}, nil
+}
+
 func (l *lab) startNATS(ctx context.Context) error {
 	hub := l.plan.Regions[0]
 	accounts, err := l.natsKeys()
+	if err != nil {
+		return err
+	}
+	tlsEnv, err := l.natsTLS()
 	if err != nil {
 		return err
 	}
@@ -247,13 +277,16 @@ func (l *lab) startNATS(ctx context.Context) error {
 			if err := os.WriteFile(filepath.Join(dir, "keys", "edgelimit-accounts.conf"), []byte(accounts), 0o644); err != nil {
 				return err
 			}
+			// The leaf links' tls lines uncommented, as the files tell an
+			// operator to for links between sites.
 			text, err := Replace(path, string(b),
 				"store_dir: /var/lib/nats/jetstream", "store_dir: "+filepath.Join(dir, "jetstream"),
-				"max_file_store: 10G", "max_file_store: 256M")
+				"max_file_store: 10G", "max_file_store: 256M",
+				"# tls { cert_file: $NATS_TLS_CERT", "tls { cert_file: $NATS_TLS_CERT")
 			if err != nil {
 				return err
 			}
-			env := []string{"NATS_SERVER_NAME=" + s.Name, "EDGELIMIT_REGION=" + r.Name, "NATS_SYS_PASSWORD=" + sysPassword}
+			env := append([]string{"NATS_SERVER_NAME=" + s.Name, "EDGELIMIT_REGION=" + r.Name, "NATS_SYS_PASSWORD=" + sysPassword}, tlsEnv...)
 			for i, o := range r.NATS {
 				env = append(env, fmt.Sprintf("NATS_ROUTE_%d=nats-route://%s:6222", i+1, o.IP))
 			}
@@ -306,7 +339,7 @@ func (l *lab) startNATS(ctx context.Context) error {
 			}
 		}
 	}
-	l.logf("leaf links up through the relays")
+	l.logf("leaf links up through the relays, over TLS")
 	return nil
 }
 
