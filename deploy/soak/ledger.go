@@ -55,9 +55,6 @@ type Bounds struct {
 	// --snapshot-interval ("snapshots repair anything a lost message left
 	// behind").
 	NATSRecovery time.Duration
-	// RedisRecovery is how long after Redis is back the breaker may keep a
-	// PoP on its fallback store (--breaker-cooldown).
-	RedisRecovery time.Duration
 }
 
 // WindowResult is the ledger of one (key, limit, scope entity, window).
@@ -67,8 +64,12 @@ type WindowResult struct {
 	Admitted           int // decisions sent and answered inside the window
 	Straddling         int // admitted, sent in one window and answered in the next
 	Limit, Bound       int
-	Why                []string // what the bound adds to the limit
-	Faults             []string // faults overlapping the window
+	// Strict is the bound without what NATS outages add: the limit, the
+	// hits kill -9s lost and the unheard admissions.
+	Strict int
+	Why    []string // what the bound adds to the limit
+	Faults []string // faults in the window or the one before
+	Kinds  []string // their kinds
 }
 
 // ClassSummary aggregates one class.
@@ -79,6 +80,7 @@ type ClassSummary struct {
 	MaxRatio        float64 // max admitted/limit over its windows
 	OverLimit       int     // windows admitting more than the limit
 	OverBound       int     // windows admitting more than the bound: violations
+	OverStrict      int     // windows admitting more than the strict bound (see WindowResult.Strict)
 	MaxOverBoundPct float64
 }
 
@@ -220,6 +222,7 @@ func Check(classes []Class, pops []PoPInfo, decisions []Decision, faults []Fault
 						r.Why = append(r.Why, fmt.Sprintf("+%d unheard (others' admissions within %v)", unheard, b.Staleness))
 					}
 				}
+				r.Strict = bound
 				// A NATS server down cuts its region's PoPs from each other and
 				// from the other regions: until that is noticed "k sides admit
 				// up to k limits per window" (README, Partitions).
@@ -247,30 +250,29 @@ func Check(classes []Class, pops []PoPInfo, decisions []Decision, faults []Fault
 						r.Why = append(r.Why, fmt.Sprintf("+%d×limit: NATS %s down, %d sides", sides-1, f.Target, sides))
 					}
 				}
-				// While Redis is unreachable "the fallback store counts this
-				// PoP's hits alone" (README, Across PoPs and regions).
-				for _, f := range faults {
-					if !strings.HasPrefix(f.Kind, "redis-") || f.Down >= e || f.Up+b.RedisRecovery.Nanoseconds() < a {
-						continue
-					}
-					n := 0
-					for _, p := range pops {
-						if p.Redis && inScope(c.Scope, g.entity, p) {
-							n++
-						}
-					}
-					if n > 0 {
-						bound += n * c.Limit
-						r.Why = append(r.Why, fmt.Sprintf("+%d×limit: Redis away, its PoPs count alone", n))
-					}
-				}
+				// Redis restarts, empty or from an old snapshot, add nothing:
+				// "the embedded store goes on from Redis' last word, not from
+				// zero; when Redis comes back — or comes back empty — [...] the
+				// PoP decides on its own knowledge and gives Redis the missing
+				// hits" (README, Durability, Redis). Each Redis here serves one
+				// server, so "hits other servers admitted on their own while
+				// Redis was away" are none.
 			}
+			// Faults listed with a window: those in it or in the window
+			// before (a sliding window's estimate reads the previous one).
 			for _, f := range faults {
-				if f.Down < e && f.Up+b.NATSRecovery.Nanoseconds() >= a {
+				if f.Down < e && f.Up >= a-w {
 					r.Faults = append(r.Faults, fmt.Sprintf("%s %s at %s", f.Kind, f.Target, time.Unix(0, f.Down).UTC().Format("15:04:05.000")))
+					if !slices.Contains(r.Kinds, f.Kind) {
+						r.Kinds = append(r.Kinds, f.Kind)
+					}
 				}
 			}
+			slices.Sort(r.Kinds)
 			r.Bound = bound
+			if c.Scope == "pop" {
+				r.Strict = bound
+			}
 			s := &sums[g.class]
 			if r.Admitted == 0 && r.Straddling == 0 {
 				continue
@@ -282,6 +284,9 @@ func Check(classes []Class, pops []PoPInfo, decisions []Decision, faults []Fault
 			if r.Admitted > c.Limit {
 				s.OverLimit++
 				led.OverLimit = append(led.OverLimit, r)
+			}
+			if r.Admitted > r.Strict {
+				s.OverStrict++
 			}
 			if r.Admitted > r.Bound {
 				s.OverBound++
@@ -313,17 +318,32 @@ func (l *Ledger) Print(out io.Writer) {
 	}
 	slices.Sort(ks)
 	fmt.Fprintf(out, "faults: %s\n", strings.Join(ks, ", "))
-	fmt.Fprintf(out, "%-10s %-7s %-15s %5s %5s %7s %9s %13s %10s %10s\n",
-		"class", "scope", "algorithm", "limit", "keys", "windows", "admitted", "max adm/limit", "over limit", "over bound")
+	fmt.Fprintf(out, "%-10s %-7s %-15s %5s %5s %7s %9s %13s %10s %11s %10s\n",
+		"class", "scope", "algorithm", "limit", "keys", "windows", "admitted", "max adm/limit", "over limit", "over strict", "over bound")
 	for _, s := range l.Classes {
-		fmt.Fprintf(out, "%-10s %-7s %-15s %5d %5d %7d %9d %13.3f %10d %10d\n",
-			s.Class.Name, s.Class.Scope, s.Class.Algorithm, s.Class.Limit, s.Keys, s.Windows, s.Admitted, s.MaxRatio, s.OverLimit, s.OverBound)
+		fmt.Fprintf(out, "%-10s %-7s %-15s %5d %5d %7d %9d %13.3f %10d %11d %10d\n",
+			s.Class.Name, s.Class.Scope, s.Class.Algorithm, s.Class.Limit, s.Keys, s.Windows, s.Admitted, s.MaxRatio, s.OverLimit, s.OverStrict, s.OverBound)
 	}
+	fmt.Fprintln(out, "(over strict: over limit + hits lost to kill -9 + others' admissions unheard within the staleness, before the NATS outage allowance)")
 	if len(l.Violations) == 0 {
 		fmt.Fprintln(out, "violations: none")
 		return
 	}
 	fmt.Fprintf(out, "violations: %d\n", len(l.Violations))
+	byKinds := map[string]int{}
+	for _, v := range l.Violations {
+		k := strings.Join(v.Kinds, "+")
+		if k == "" {
+			k = "no fault"
+		}
+		byKinds[k]++
+	}
+	var kk []string
+	for k, n := range byKinds {
+		kk = append(kk, fmt.Sprintf("%s: %d", k, n))
+	}
+	slices.Sort(kk)
+	fmt.Fprintf(out, "violations by the faults in their window or the one before: %s\n", strings.Join(kk, ", "))
 	for _, v := range l.Violations {
 		v.print(out)
 	}
@@ -339,7 +359,7 @@ func (l *Ledger) PrintOverLimit(out io.Writer) {
 }
 
 func (v WindowResult) print(out io.Writer) {
-	fmt.Fprintf(out, "  %s key=%s entity=%s window=%s admitted=%d (+%d straddling) limit=%d bound=%d [%s] faults in window: [%s]\n",
-		v.Class, v.Key, v.Entity, v.Start.Format("15:04:05"), v.Admitted, v.Straddling, v.Limit, v.Bound,
+	fmt.Fprintf(out, "  %s key=%s entity=%s window=%s admitted=%d (+%d straddling) limit=%d strict=%d bound=%d [%s] faults in this or the previous window: [%s]\n",
+		v.Class, v.Key, v.Entity, v.Start.Format("15:04:05"), v.Admitted, v.Straddling, v.Limit, v.Strict, v.Bound,
 		strings.Join(v.Why, "; "), strings.Join(v.Faults, "; "))
 }

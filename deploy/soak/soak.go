@@ -9,6 +9,8 @@ package soak
 import (
 	"bytes"
 	"context"
+	"encoding/csv"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -517,13 +519,11 @@ func Run(ctx context.Context, cfg Config) (*Ledger, error) {
 	if err := writeCSV(filepath.Join(s.dir, "decisions.csv"), s.classes, decisions, faults); err != nil {
 		return nil, err
 	}
-	return Check(s.classes, Topology, decisions, faults, Bounds{
-		Window:        cfg.Window,
-		FlushInterval: flushInterval,
-		Staleness:     2 * flushInterval,
-		NATSRecovery:  natsReconnect + snapshotInterval,
-		RedisRecovery: breakerCooldown,
-	}, errs), nil
+	info, _ := json.Marshal(runInfo{Limit: cfg.Limit, Window: cfg.Window, TransportErrors: errs})
+	if err := os.WriteFile(filepath.Join(s.dir, "run.json"), info, 0o644); err != nil {
+		return nil, err
+	}
+	return Check(s.classes, Topology, decisions, faults, bounds(cfg.Window), errs), nil
 }
 
 // stream is one key's offered traffic.
@@ -641,4 +641,92 @@ func writeCSV(path string, classes []Class, ds []Decision, faults []Fault) error
 		fmt.Fprintf(&b, "%s,%s,%d,%d\n", f.Kind, f.Target, f.Down, f.Up)
 	}
 	return os.WriteFile(filepath.Join(filepath.Dir(path), "faults.csv"), b.Bytes(), 0o644)
+}
+
+// runInfo is what a run writes next to its decisions (run.json), for
+// Recheck.
+type runInfo struct {
+	Limit           int
+	Window          time.Duration
+	TransportErrors int
+}
+
+// Recheck computes the ledger again from what a run wrote into dir
+// (decisions.csv, faults.csv, run.json). Without run.json (an older run),
+// limit and window are taken from cfg.
+func Recheck(dir string, cfg Config) (*Ledger, error) {
+	cfg.defaults()
+	info := runInfo{Limit: cfg.Limit, Window: cfg.Window}
+	if b, err := os.ReadFile(filepath.Join(dir, "run.json")); err == nil {
+		if err := json.Unmarshal(b, &info); err != nil {
+			return nil, err
+		}
+	}
+	classes := Classes(info.Limit)
+	classIdx := map[string]int{}
+	for i, c := range classes {
+		classIdx[c.Name] = i
+	}
+	popIdx := map[string]int{}
+	for i, p := range Topology {
+		popIdx[p.Name] = i
+	}
+	rows := func(name string, cols int) ([][]string, error) {
+		f, err := os.Open(filepath.Join(dir, name))
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		r := csv.NewReader(f)
+		r.FieldsPerRecord = cols
+		recs, err := r.ReadAll()
+		if err != nil || len(recs) == 0 {
+			return nil, fmt.Errorf("%s: %v", name, err)
+		}
+		return recs[1:], nil
+	}
+	drows, err := rows("decisions.csv", 6)
+	if err != nil {
+		return nil, err
+	}
+	ds := make([]Decision, 0, len(drows))
+	for _, r := range drows {
+		var d Decision
+		var ok1, ok2 bool
+		d.PoP, ok1 = popIdx[r[2]]
+		d.Class, ok2 = classIdx[r[3]]
+		_, e1 := fmt.Sscan(r[0], &d.Send)
+		_, e2 := fmt.Sscan(r[1], &d.Recv)
+		_, e3 := fmt.Sscanf(r[4], "k%d", &d.Key)
+		if !ok1 || !ok2 || e1 != nil || e2 != nil || e3 != nil {
+			return nil, fmt.Errorf("decisions.csv: bad row %v", r)
+		}
+		d.Allowed = r[5] == "true"
+		ds = append(ds, d)
+	}
+	frows, err := rows("faults.csv", 4)
+	if err != nil {
+		return nil, err
+	}
+	var faults []Fault
+	for _, r := range frows {
+		f := Fault{Kind: r[0], Target: r[1]}
+		if _, err := fmt.Sscan(r[2], &f.Down); err != nil {
+			return nil, err
+		}
+		if _, err := fmt.Sscan(r[3], &f.Up); err != nil {
+			return nil, err
+		}
+		faults = append(faults, f)
+	}
+	return Check(classes, Topology, ds, faults, bounds(info.Window), info.TransportErrors), nil
+}
+
+func bounds(window time.Duration) Bounds {
+	return Bounds{
+		Window:        window,
+		FlushInterval: flushInterval,
+		Staleness:     2 * flushInterval,
+		NATSRecovery:  natsReconnect + snapshotInterval,
+	}
 }

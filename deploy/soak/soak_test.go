@@ -11,7 +11,7 @@ import (
 )
 
 var testBounds = Bounds{Window: 10 * time.Second, FlushInterval: 100 * time.Millisecond,
-	Staleness: 200 * time.Millisecond, NATSRecovery: 7 * time.Second, RedisRecovery: time.Second}
+	Staleness: 200 * time.Millisecond, NATSRecovery: 7 * time.Second}
 
 // at returns unix nanoseconds s seconds into a window starting at 1000 s.
 func at(s float64) int64 { return int64((1000 + s) * 1e9) }

@@ -32,7 +32,17 @@ func main() {
 	verbose := flag.Bool("v", false, "also list every window over its limit, with its bound")
 	flag.StringVar(&cfg.Edgelimit, "edgelimit", "", "a built edgelimit binary (default: build one into -dir)")
 	flag.StringVar(&cfg.NATSServer, "nats-server", "", "a built nats-server binary, 2.10.14 or later (with -edgelimit)")
+	recheck := flag.String("ledger", "", "compute the ledger again from a run's directory (decisions.csv, faults.csv) instead of running")
 	flag.Parse()
+	if *recheck != "" {
+		led, err := soak.Recheck(*recheck, cfg)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "soak:", err)
+			os.Exit(2)
+		}
+		report(led, *verbose)
+		return
+	}
 	if cfg.Dir == "" {
 		d, err := os.MkdirTemp("", "edgelimit-soak-")
 		if err != nil {
@@ -50,8 +60,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "soak:", err)
 		os.Exit(2)
 	}
+	report(led, *verbose)
+}
+
+// report prints the ledger and exits 1 on a violation.
+func report(led *soak.Ledger, verbose bool) {
 	led.Print(os.Stdout)
-	if *verbose {
+	if verbose {
 		led.PrintOverLimit(os.Stdout)
 	}
 	if len(led.Violations) > 0 {
