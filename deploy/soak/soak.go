@@ -166,6 +166,19 @@ func (s *soak) logf(format string, args ...any) {
 }
 
 func (p *proc) start(dir string) error {
+	// Keep the log of the process's earlier lives: name.log.1, .2, …
+	log := filepath.Join(dir, p.name+".log")
+	if _, err := os.Stat(log); err == nil {
+		for i := 1; ; i++ {
+			old := fmt.Sprintf("%s.%d", log, i)
+			if _, err := os.Stat(old); err != nil {
+				if err := os.Rename(log, old); err != nil {
+					return err
+				}
+				break
+			}
+		}
+	}
 	np, err := lab.StartProc(dir, "", p.name, p.env, p.bin, p.args...)
 	if err != nil {
 		return err
@@ -414,6 +427,22 @@ func (s *soak) stopAll() {
 	}
 }
 
+// scrape saves every PoP's /metrics as metrics-<pop>-<when>.txt, for a
+// post-mortem of the ledger (replication lag, reconciled hits, fallback).
+func (s *soak) scrape(when string) {
+	c := http.Client{Timeout: 5 * time.Second}
+	for _, p := range s.pops {
+		resp, err := c.Get("http://" + p.addr + "/metrics")
+		if err != nil {
+			s.logf("scrape %s: %v", p.name, err)
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		_ = os.WriteFile(filepath.Join(s.dir, fmt.Sprintf("metrics-%s-%s.txt", p.name, when)), b, 0o644)
+	}
+}
+
 func redisCmd(port int, args ...string) error {
 	out, err := exec.Command("redis-cli", append([]string{"-p", fmt.Sprint(port)}, args...)...).CombinedOutput()
 	if err != nil {
@@ -429,6 +458,7 @@ func (s *soak) fault(i int) (Fault, error) {
 	kinds := []string{"pop-kill9", "redis-shutdown-nosave", "pop-kill9", "nats-restart", "pop-kill9", "redis-kill9"}
 	kind := kinds[i%len(kinds)]
 	f := Fault{Kind: kind}
+	s.scrape(fmt.Sprintf("before-fault%02d", i))
 	var err error
 	switch kind {
 	case "pop-kill9":
@@ -513,6 +543,7 @@ func Run(ctx context.Context, cfg Config) (*Ledger, error) {
 	}()
 	decisions, errs := s.load(ctx)
 	wg.Wait()
+	s.scrape("end")
 	if faultErr != nil {
 		return nil, faultErr
 	}
