@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -40,6 +41,9 @@ type Config struct {
 	TailKeys   int           // keys per class offered half their limit or less (40)
 	Overload   float64       // hot keys' offered load / limit (4)
 	Seed       uint64
+	// Faults is the cycle of faults made, one every FaultEvery (default
+	// DefaultFaults; empty after defaults only if set to []string{}).
+	Faults     []string
 	Log        io.Writer
 	Edgelimit  string // prebuilt binaries; built into Dir when empty
 	NATSServer string
@@ -67,6 +71,9 @@ func (c *Config) defaults() {
 	if c.Overload == 0 {
 		c.Overload = 4
 	}
+	if c.Faults == nil {
+		c.Faults = DefaultFaults
+	}
 	if c.Seed == 0 {
 		c.Seed = 1
 	}
@@ -82,6 +89,13 @@ const (
 	snapshotInterval = 5 * time.Second
 	breakerCooldown  = time.Second
 	natsReconnect    = 2 * time.Second // nats.go's default reconnect wait
+)
+
+// FaultKinds are the faults the soak makes; DefaultFaults their cycle:
+// in 10 minutes at one per 20 s, 15 PoP kills and 5 of each other kind.
+var (
+	FaultKinds    = []string{"pop-kill9", "redis-shutdown-nosave", "redis-kill9", "nats-restart"}
+	DefaultFaults = []string{"pop-kill9", "redis-shutdown-nosave", "pop-kill9", "nats-restart", "pop-kill9", "redis-kill9"}
 )
 
 // Classes are the soak's limits: every scope, both replicable algorithms.
@@ -138,6 +152,7 @@ type soak struct {
 	redis    *proc
 	redisDir string
 	redisAt  int
+	count    map[string]int // faults made, by kind
 }
 
 type popProc struct {
@@ -455,14 +470,16 @@ func redisCmd(port int, args ...string) error {
 // turn), Redis SHUTDOWN NOSAVE (restarted empty), a NATS server restart
 // (each region in turn), Redis kill -9 (restarted from its last snapshot).
 func (s *soak) fault(i int) (Fault, error) {
-	kinds := []string{"pop-kill9", "redis-shutdown-nosave", "pop-kill9", "nats-restart", "pop-kill9", "redis-kill9"}
+	kinds := s.cfg.Faults
 	kind := kinds[i%len(kinds)]
+	nth := s.count[kind] // earlier faults of this kind
+	s.count[kind]++
 	f := Fault{Kind: kind}
 	s.scrape(fmt.Sprintf("before-fault%02d", i))
 	var err error
 	switch kind {
 	case "pop-kill9":
-		p := s.pops[(i/2)%len(s.pops)]
+		p := s.pops[nth%len(s.pops)]
 		f.Target = p.name
 		f.Down = time.Now().UnixNano()
 		p.p.Kill()
@@ -487,7 +504,7 @@ func (s *soak) fault(i int) (Fault, error) {
 		time.Sleep(time.Second)
 		err = s.startRedis()
 	case "nats-restart":
-		region := []string{"eu", "us"}[(i/len(kinds))%2]
+		region := []string{"eu", "us"}[nth%2]
 		n := s.natsSrv[region]
 		f.Target = region
 		f.Down = time.Now().UnixNano()
@@ -503,7 +520,12 @@ func (s *soak) fault(i int) (Fault, error) {
 // whether a bound was broken.
 func Run(ctx context.Context, cfg Config) (*Ledger, error) {
 	cfg.defaults()
-	s := &soak{cfg: cfg, dir: cfg.Dir, classes: Classes(cfg.Limit)}
+	for _, k := range cfg.Faults {
+		if !slices.Contains(FaultKinds, k) {
+			return nil, fmt.Errorf("unknown fault %q (known: %s)", k, strings.Join(FaultKinds, ", "))
+		}
+	}
+	s := &soak{cfg: cfg, dir: cfg.Dir, classes: Classes(cfg.Limit), count: map[string]int{}}
 	if err := os.MkdirAll(s.dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -515,6 +537,9 @@ func Run(ctx context.Context, cfg Config) (*Ledger, error) {
 
 	ctx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
+	if len(cfg.Faults) == 0 {
+		cfg.FaultEvery = cfg.Duration + time.Hour // none
+	}
 	var (
 		faults   []Fault
 		faultErr error

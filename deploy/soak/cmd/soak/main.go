@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -33,7 +34,12 @@ func main() {
 	flag.StringVar(&cfg.Edgelimit, "edgelimit", "", "a built edgelimit binary (default: build one into -dir)")
 	flag.StringVar(&cfg.NATSServer, "nats-server", "", "a built nats-server binary, 2.10.14 or later (with -edgelimit)")
 	recheck := flag.String("ledger", "", "compute the ledger again from a run's directory (decisions.csv, faults.csv) instead of running")
+	faults := flag.String("faults", strings.Join(soak.DefaultFaults, ","), "the cycle of faults, comma-separated, of "+strings.Join(soak.FaultKinds, ", ")+"; empty: none")
 	flag.Parse()
+	cfg.Faults = []string{}
+	if *faults != "" {
+		cfg.Faults = strings.Split(*faults, ",")
+	}
 	if *recheck != "" {
 		led, err := soak.Recheck(*recheck, cfg)
 		if err != nil {
