@@ -27,7 +27,10 @@ func admit(pop, class int, s float64) Decision {
 // within the staleness before its last admission.
 func TestLedgerBounds(t *testing.T) {
 	classes := []Class{{Name: "pop_sw", Scope: "pop", Limit: 3}, {Name: "global_sw", Scope: "global", Limit: 3}}
-	var ds []Decision
+	// The load begins with the window (a denial at its start): not a
+	// cold-start window.
+	begin := Decision{Send: at(0), Recv: at(0) + 1, Class: 1}
+	ds := []Decision{begin}
 	for i := range 4 { // eu-1: 4 on a pop limit of 3, one of them lost by a kill
 		ds = append(ds, admit(0, 0, 1+float64(i)*0.02))
 	}
@@ -41,11 +44,15 @@ func TestLedgerBounds(t *testing.T) {
 	if len(led.Violations) != 1 || led.Violations[0].Entity != "eu-2" || led.Violations[0].Bound != 3 {
 		t.Fatalf("violations %+v, want eu-2's pop window alone (bound 3)", led.Violations)
 	}
-	if led.Allowed != 12 || led.Windows != 3 || led.Keys != 3 {
-		t.Errorf("allowed %d windows %d keys %d, want 12, 3, 3", led.Allowed, led.Windows, led.Keys)
+	if led.Allowed != 12 || led.Windows != 3 || led.Keys != 3 || led.WarmUp != 0 {
+		t.Errorf("allowed %d windows %d keys %d warm-up %d, want 12, 3, 3, 0", led.Allowed, led.Windows, led.Keys, led.WarmUp)
+	}
+	// The same decisions with the load begun mid-window: a cold start, not checked.
+	if led := Check(classes, Topology, ds[1:], faults, testBounds, 0); len(led.Violations) != 0 || led.WarmUp != 3 {
+		t.Errorf("load begun mid-window: violations %d, warm-up %d; want 0, 3", len(led.Violations), led.WarmUp)
 	}
 	// A NATS restart in eu makes 3 sides of a global limit: 3 limits.
-	var g []Decision
+	g := []Decision{begin}
 	for i := range 9 {
 		g = append(g, admit(i%4, 1, float64(i)))
 	}
