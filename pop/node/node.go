@@ -485,7 +485,8 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.
 		return nil, nil, nil, nil, nil, fmt.Errorf("--redis-clock: %w", err)
 	}
 	rs, err := store.OpenRedis(store.RedisConfig{URL: cfg.Store, Password: cfg.RedisPassword, Timeout: cfg.RedisTimeout, ClockSource: clock,
-		BatchWindow: cfg.RedisBatchWindow, Pipelines: cfg.RedisPipelines, Replica: cfg.Replica, RegionPeers: cfg.RegionPeers})
+		BatchWindow: cfg.RedisBatchWindow, Pipelines: cfg.RedisPipelines, Replica: cfg.Replica, RegionPeers: cfg.RegionPeers,
+		Extrapolate: cfg.Extrapolate})
 	if err != nil {
 		close(stop)
 		return nil, nil, nil, nil, nil, fmt.Errorf("store: %w", err)

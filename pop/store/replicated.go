@@ -522,22 +522,29 @@ func (s *Memory) ApplyAt(now, sent int64, remote []crdt.Slot) {
 	if s.onMiss != nil {
 		misses = s.rep.misses(remote, now)
 	}
-	s.routeLocked(remote, func(u *unitCounts, sl []crdt.Slot) { u.remote.Join(sl...) }, false)
-	last := ""
-	for i := range remote {
-		if name := remote[i].Replica; name != last && name != s.rep.self {
-			last = name
-			c := s.rep.clock(name)
-			if c == nil {
-				c = &replicaClock{name: strings.Clone(name)}
-				s.rep.clocks = append(s.rep.clocks, c)
-			}
-			c.heard(now, sent)
-		}
-	}
+	s.rep.applyLocked(now, sent, remote)
 	s.rep.mu.Unlock()
 	for _, m := range misses {
 		s.onMiss(m.scope, m.hits)
+	}
+}
+
+// applyLocked joins remote, stamped by their sender at sent, into the
+// remote counts as applied now, and notes how old each sender's news is.
+// Requires r.mu held.
+func (r *replicated) applyLocked(now, sent int64, remote []crdt.Slot) {
+	r.routeLocked(remote, func(u *unitCounts, sl []crdt.Slot) { u.remote.Join(sl...) }, false)
+	last := ""
+	for i := range remote {
+		if name := remote[i].Replica; name != last && name != r.self {
+			last = name
+			c := r.clock(name)
+			if c == nil {
+				c = &replicaClock{name: strings.Clone(name)}
+				r.clocks = append(r.clocks, c)
+			}
+			c.heard(now, sent)
+		}
 	}
 }
 
@@ -596,11 +603,11 @@ func (s *Memory) route(slots []crdt.Slot, f func(*unitCounts, []crdt.Slot), own 
 	}
 	s.rep.mu.Lock()
 	defer s.rep.mu.Unlock()
-	s.routeLocked(slots, f, own)
+	s.rep.routeLocked(slots, f, own)
 }
 
-// routeLocked is route with s.rep.mu held.
-func (s *Memory) routeLocked(slots []crdt.Slot, f func(*unitCounts, []crdt.Slot), own bool) {
+// routeLocked is Memory.route with r.mu held.
+func (r *replicated) routeLocked(slots []crdt.Slot, f func(*unitCounts, []crdt.Slot), own bool) {
 	// Hand f runs of consecutive slots of one window length, not one slot
 	// at a time: Counters.Join works a large batch far faster than its
 	// slots one by one (it reads ahead, or sweeps its tables in order).
@@ -616,7 +623,7 @@ func (s *Memory) routeLocked(slots []crdt.Slot, f func(*unitCounts, []crdt.Slot)
 	}
 	for i := range slots {
 		sl := &slots[i]
-		if (sl.Replica == s.rep.self) != own {
+		if (sl.Replica == r.self) != own {
 			flush(i)
 			continue
 		}
@@ -625,7 +632,7 @@ func (s *Memory) routeLocked(slots []crdt.Slot, f func(*unitCounts, []crdt.Slot)
 			flush(i)
 			continue
 		}
-		if u := s.rep.unit(int64(w)); u != run {
+		if u := r.unit(int64(w)); u != run {
 			flush(i)
 			run, runFrom = u, i
 		}

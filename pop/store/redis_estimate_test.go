@@ -1,0 +1,92 @@
+package store
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/crdt"
+	"github.com/edgelimit/edgelimit/pop/limit"
+	"github.com/edgelimit/edgelimit/pop/limit/limittest"
+	"github.com/edgelimit/edgelimit/pop/rules"
+	"github.com/edgelimit/edgelimit/pop/store/redistest"
+)
+
+// TestRedisEstimateParity runs one timeline on the embedded store and on the
+// Redis store, both replica "a" with the guess of unheard hits on: replica b's
+// news arrives stamped and late, a admits the key near its limit, and a check
+// every 5 ms asks for one hit of a sliding and of a fixed window limit. Every
+// decision — allowed, remaining, reset, retry-after — must be the same in
+// both: the server's guess goes to the script, which adds it as limit.Decide
+// does. The timeline must include denials made on the guess alone (retry at
+// once), and a Redis store without the guess must decide otherwise there, or
+// the test would not test the guess.
+func TestRedisEstimateParity(t *testing.T) {
+	srv := redistest.Start(t)
+	ms := int64(time.Millisecond)
+	w := int64(time.Second)
+	limitOf := func(alg limit.Algorithm, name string) limit.Item {
+		l := &rules.Limit{Domain: "d", Unit: rules.Second, Scope: limit.ScopeGlobal,
+			Spec: limit.Spec{Algorithm: alg, Limit: 120, Window: w}}
+		return limit.Item{Key: l.AppendKey(nil, []rules.Entry{{Key: "k", Value: name}}), Spec: l.Spec, Scope: l.Scope}
+	}
+	items := []limit.Item{limitOf(limit.SlidingWindow, "s"), limitOf(limit.FixedWindow, "f")}
+	t0 := limittest.T0.Add(10 * time.Second).UnixNano() // a window starts here
+
+	type store interface {
+		CheckAt(ctx context.Context, now, hits int64, items []limit.Item, out []limit.Decision) error
+	}
+	clock := new(replClock)
+	mem := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+	red := openTestRedis(t, dbURL(srv, 1), RedisConfig{ClockSource: ClockLocal, Clock: clock.Load, Replica: "a", Extrapolate: true})
+	plain := openTestRedis(t, dbURL(srv, 2), RedisConfig{ClockSource: ClockLocal, Clock: clock.Load, Replica: "a"})
+	apply := func(now, sent int64, count uint64) {
+		clock.at(now)
+		var slots []crdt.Slot
+		for _, it := range items {
+			slots = append(slots, crdt.Slot{Key: string(it.Key), Window: t0, Replica: "b", Count: count})
+		}
+		mem.ApplyAt(now, sent, slots)
+		red.Apply(sent, slots)
+		plain.Apply(sent, slots)
+	}
+	ctx := context.Background()
+	check := func(s store, now int64, it limit.Item) limit.Decision {
+		t.Helper()
+		out := make([]limit.Decision, 1)
+		if err := s.CheckAt(ctx, now, 1, []limit.Item{it}, out); err != nil {
+			t.Fatal(err)
+		}
+		return out[0]
+	}
+	// b's news: 20 hits 100 ms in, then 60 at 200 ms (400 a second), each
+	// 50 ms on the way; then, at 600 ms, 90.
+	apply(t0+150*ms, t0+100*ms, 20)
+	apply(t0+250*ms, t0+200*ms, 60)
+	var onGuess, differs int
+	for now := t0 + 250*ms; now < t0+900*ms; now += 5 * ms {
+		clock.at(now)
+		if now == t0+600*ms {
+			apply(now, now-50*ms, 90)
+		}
+		for _, it := range items {
+			m, r := check(mem, now, it), check(red, now, it)
+			if m != r {
+				t.Fatalf("%v at +%v: embedded %+v, Redis %+v", it.Spec.Algorithm, time.Duration(now-t0), m, r)
+			}
+			if !r.Allowed && r.RetryAfter == 1 {
+				onGuess++
+			}
+			if p := check(plain, now, it); p != r {
+				differs++
+			}
+		}
+	}
+	if onGuess == 0 {
+		t.Fatal("no check was denied on the guess alone: the timeline does not reach it")
+	}
+	if differs == 0 {
+		t.Fatal("a Redis store without the guess decided every check alike")
+	}
+	t.Logf("%d denials on the guess alone; %d decisions differ from a store without it", onGuess, differs)
+}
