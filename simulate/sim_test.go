@@ -309,6 +309,22 @@ func TestWorldScale(t *testing.T) {
 	}
 }
 
+// TestWorldQuietStart runs world-quiet.yaml: the world's sprayer arriving
+// 5 s in at PoPs whose messages a quiet client kept a second apart. What a
+// PoP learned of how often the others speak must not starve its guess of a
+// key that just began (replicaClock.guess, firstNewsSpan): the cold start
+// stays as tight as when everything starts together (world.yaml, 5%).
+func TestWorldQuietStart(t *testing.T) {
+	sc := load(t, "world-quiet.yaml")
+	sc.Duration = 12 * time.Second
+	rep, out := table(t, sc)
+	t.Logf("\n%s", out)
+	el := rep.Results[Edgelimit]
+	if worst := float64(el.WorstOvershoot) / float64(rep.Limit); worst > 0.08 {
+		t.Errorf("edgelimit worst overshoot %.0f%% of the limit after a quiet start, want ≤ 8%%", 100*worst)
+	}
+}
+
 // TestAlias draws from an alias table and checks the frequencies against
 // the weights (each within 5 standard deviations).
 func TestAlias(t *testing.T) {

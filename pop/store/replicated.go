@@ -45,6 +45,10 @@ type replicaClock struct {
 const (
 	maxClockGap = int64(time.Second)
 	maxClockLag = int64(500 * time.Millisecond)
+	// firstNewsSpan caps the span a replica's first news of a key is
+	// taken over (guess): the default flush interval, within which a
+	// replica reports what it counted anyway.
+	firstNewsSpan = float64(100 * time.Millisecond)
 	// lagStep is a change of a replica's stamp-to-apply delay taken for a
 	// step of a clock rather than jitter.
 	lagStep = float64(50 * time.Millisecond)
@@ -285,7 +289,16 @@ func (c *replicaClock) guess(cur, prev uint64, start, w, now int64, rh *recentHi
 		// sprayer below the limit; not at all took a replica's first hit
 		// for no rate, and world's worst over seeds went from 4–8% to 4–10%;
 		// half: 4–6%.
-		return (float64(cur) - 0.5) / max(then, c.gap) * age
+		//
+		// The span is at least the replica's usual gap between messages,
+		// so that a replica's first news a few ms into a window is not
+		// taken for a rate of hundreds a second; but at most
+		// firstNewsSpan: a replica that was quiet before this key (its
+		// messages came a second apart) says nothing of the key's rate,
+		// and dividing by that second guessed a sprayer at a tenth of
+		// its rate (a world-scale sprayer arriving at PoPs that had been
+		// running: 14% over, world-quiet.yaml).
+		return (float64(cur) - 0.5) / max(then, min(c.gap, firstNewsSpan)) * age
 	}
 	rate := theirs / float64(w) // hits per ns
 	inCur := min(age, elapsed)
