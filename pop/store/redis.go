@@ -131,6 +131,9 @@ type RedisConfig struct {
 	// MemoryConfig.Extrapolate, made by this server and handed to the
 	// script (redis_estimate.go).
 	Extrapolate bool
+	// EstimateMiss, with Extrapolate, is MemoryConfig.EstimateMiss for
+	// this server's estimate.
+	EstimateMiss func(scope limit.Scope, hits float64)
 }
 
 // Redis is the counter store shared by the servers of a PoP, kept in Redis or

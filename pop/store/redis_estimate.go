@@ -86,9 +86,18 @@ func (s *Redis) estimated(now, hits int64, items []limit.Item, out []limit.Decis
 
 // estimateApply joins remote, stamped by their sender at sent, into the
 // estimate as applied now.
+// With RedisConfig.EstimateMiss, it first reports how far the estimate of
+// each replicated key this server admits near its limit was from remote.
 func (s *Redis) estimateApply(now, sent int64, remote []crdt.Slot) {
 	e := s.est
+	var misses []estimateMiss
 	e.mu.Lock()
+	if s.cfg.EstimateMiss != nil {
+		misses = e.misses(remote, now)
+	}
 	e.applyLocked(now, sent, remote)
 	e.mu.Unlock()
+	for _, m := range misses {
+		s.cfg.EstimateMiss(m.scope, m.hits)
+	}
 }

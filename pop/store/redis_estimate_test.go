@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -37,8 +38,11 @@ func TestRedisEstimateParity(t *testing.T) {
 		CheckAt(ctx context.Context, now, hits int64, items []limit.Item, out []limit.Decision) error
 	}
 	clock := new(replClock)
-	mem := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
-	red := openTestRedis(t, dbURL(srv, 1), RedisConfig{ClockSource: ClockLocal, Clock: clock.Load, Replica: "a", Extrapolate: true})
+	var memMiss, redMiss []float64 // edgelimit_estimate_error_hits, as each store reports it
+	mem := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true,
+		EstimateMiss: func(_ limit.Scope, hits float64) { memMiss = append(memMiss, hits) }})
+	red := openTestRedis(t, dbURL(srv, 1), RedisConfig{ClockSource: ClockLocal, Clock: clock.Load, Replica: "a", Extrapolate: true,
+		EstimateMiss: func(_ limit.Scope, hits float64) { redMiss = append(redMiss, hits) }})
 	plain := openTestRedis(t, dbURL(srv, 2), RedisConfig{ClockSource: ClockLocal, Clock: clock.Load, Replica: "a"})
 	apply := func(now, sent int64, count uint64) {
 		clock.at(now)
@@ -88,5 +92,8 @@ func TestRedisEstimateParity(t *testing.T) {
 	if differs == 0 {
 		t.Fatal("a Redis store without the guess decided every check alike")
 	}
-	t.Logf("%d denials on the guess alone; %d decisions differ from a store without it", onGuess, differs)
+	if len(redMiss) == 0 || !slices.Equal(memMiss, redMiss) {
+		t.Fatalf("estimate misses: embedded %v, Redis %v: want the same, and some", memMiss, redMiss)
+	}
+	t.Logf("%d denials on the guess alone; %d decisions differ from a store without it; misses %v", onGuess, differs, redMiss)
 }
