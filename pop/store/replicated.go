@@ -286,9 +286,9 @@ func (c *replicaClock) guess(cur, prev uint64, start, w, now int64, rh *recentHi
 		// is n hits in a span that ends with the n-th: n−1 of them fill the
 		// span and the n-th ends it, so it counts half. Counting it whole
 		// guessed a replica's second hit at twice its rate and denied a
-		// sprayer below the limit; not at all took a replica's first hit
-		// for no rate, and world's worst over seeds went from 4–8% to 4–10%;
-		// half: 4–6%.
+		// sprayer below its limit (world, seeds 1–6 and its own: 3–8%
+		// worst, and such denials); not at all took a replica's first hit
+		// for no rate (4–10% worst); half: 4–6%.
 		//
 		// The span is at least the replica's usual gap between messages,
 		// so that a replica's first news a few ms into a window is not
