@@ -9,7 +9,6 @@ import (
 	"github.com/edgelimit/edgelimit/crdt"
 	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/limit/limittest"
-	"github.com/edgelimit/edgelimit/pop/rules"
 	"github.com/edgelimit/edgelimit/pop/store/redistest"
 )
 
@@ -25,13 +24,7 @@ import (
 func TestRedisEstimateParity(t *testing.T) {
 	srv := redistest.Start(t)
 	ms := int64(time.Millisecond)
-	w := int64(time.Second)
-	limitOf := func(alg limit.Algorithm, name string) limit.Item {
-		l := &rules.Limit{Domain: "d", Unit: rules.Second, Scope: limit.ScopeGlobal,
-			Spec: limit.Spec{Algorithm: alg, Limit: 120, Window: w}}
-		return limit.Item{Key: l.AppendKey(nil, []rules.Entry{{Key: "k", Value: name}}), Spec: l.Spec, Scope: l.Scope}
-	}
-	items := []limit.Item{limitOf(limit.SlidingWindow, "s"), limitOf(limit.FixedWindow, "f")}
+	items := []limit.Item{perSecond(limit.SlidingWindow, 120, "s"), perSecond(limit.FixedWindow, 120, "f")}
 	t0 := limittest.T0.Add(10 * time.Second).UnixNano() // a window starts here
 
 	type store interface {
