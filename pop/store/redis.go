@@ -662,8 +662,8 @@ func (c *call) add(s *Redis, kbuf []byte, i int, it *limit.Item, now int64, unhe
 	default: // the sliding log needs nothing more
 		return
 	}
-	// "<i8i8i4Bd": window index, offset, remote key number, remote total
-	// field, unheard.
+	// "<i8i8i4BdB": window index, offset, remote key number, remote total
+	// field, unheard, shrunk.
 	start := limit.WindowStart(now, sp.Window)
 	idx, off := start/sp.Window, now-start
 	c.blob = binary.LittleEndian.AppendUint64(c.blob, uint64(idx))
@@ -672,11 +672,17 @@ func (c *call) add(s *Redis, kbuf []byte, i int, it *limit.Item, now int64, unhe
 		c.blob = binary.LittleEndian.AppendUint32(c.blob, 0)
 		c.blob = append(c.blob, 0)
 		c.blob = binary.LittleEndian.AppendUint64(c.blob, 0) // 0.0
+		c.blob = append(c.blob, 0)
 		return
 	}
 	c.blob = binary.LittleEndian.AppendUint32(c.blob, uint32(len(c.rkeys)+1))
 	c.blob = append(c.blob, remoteField(it.Scope)[1]) // "~g" or "~r": check.lua adds the '~'
 	c.blob = binary.LittleEndian.AppendUint64(c.blob, math.Float64bits(unheard))
+	var shrunk byte
+	if it.Shrunk {
+		shrunk = 1
+	}
+	c.blob = append(c.blob, shrunk)
 	// One statement each: kbuf is reused, and Go may convert both to strings
 	// after both appends if they were arguments of one call.
 	c.rkeys = append(c.rkeys, string(appendRemoteKey(kbuf[:0], it.Key, idx)))

@@ -90,3 +90,53 @@ func TestRedisEstimateParity(t *testing.T) {
 	}
 	t.Logf("%d denials on the guess alone; %d decisions differ from a store without it; misses %v", onGuess, differs, redMiss)
 }
+
+// TestShrunkParity: a global limit cut to its share (limit.Item.Shrunk)
+// counts at most the limit of its previous window, in the embedded store
+// and in the Redis script alike. The previous window holds 100 hits heard
+// from b, the share is 50: unshrunk, the window would open only half way
+// through; shrunk, it opens at the share's pace from the start.
+func TestShrunkParity(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := new(replClock)
+	t0 := limittest.T0.Add(10 * time.Second).UnixNano() // a window starts here
+	it := perSecond(limit.SlidingWindow, 50, "shrunk")
+	whole := it
+	it.Shrunk = true
+	mem := NewMemory(MemoryConfig{Replica: "a"})
+	red := openTestRedis(t, dbURL(srv, 1), RedisConfig{ClockSource: ClockLocal, Clock: clock.Load, Replica: "a"})
+	prev := []crdt.Slot{{Key: string(it.Key), Window: t0 - int64(time.Second), Replica: "b", Count: 100}}
+	clock.at(t0)
+	mem.ApplyAt(t0, t0, prev)
+	red.Apply(t0, prev)
+	ctx := context.Background()
+	admitted := map[bool]int{}
+	for ms := int64(0); ms < 1000; ms += 10 {
+		now := clock.at(t0 + ms*int64(time.Millisecond))
+		var m, r [1]limit.Decision
+		if err := mem.CheckAt(ctx, now, 1, []limit.Item{it}, m[:]); err != nil {
+			t.Fatal(err)
+		}
+		if err := red.CheckAt(ctx, now, 1, []limit.Item{it}, r[:]); err != nil {
+			t.Fatal(err)
+		}
+		if m != r {
+			t.Fatalf("+%dms: embedded %+v, Redis %+v", ms, m[0], r[0])
+		}
+		if m[0].Allowed {
+			admitted[ms < 500]++
+		}
+	}
+	// At the share's pace, 50 a second from the start: about 25 in each
+	// half. Counting the previous window whole would admit none in the
+	// first half (100 × (1 − e) ≥ 50 until e = 0.5).
+	if admitted[true] < 20 || admitted[false] < 20 {
+		t.Fatalf("admitted %d in the first half, %d in the second: want about 25 each", admitted[true], admitted[false])
+	}
+	mem.rep.mu.Lock()
+	st := mem.rep.state(&whole, t0+100*int64(time.Millisecond))
+	mem.rep.mu.Unlock()
+	if st.Prev != 100 {
+		t.Fatalf("unshrunk, the previous window counts %d, want its 100", st.Prev)
+	}
+}

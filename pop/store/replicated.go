@@ -191,6 +191,9 @@ func (r *replicated) state(it *limit.Item, now int64) limit.State {
 		return int64(u.own.CountOf(ho, window) + u.remote.TotalOf(hr, window, in))
 	}
 	st := limit.State{Start: start, Cur: count(start), Prev: count(start - w)}
+	if it.Shrunk && st.Prev > it.Spec.Limit {
+		st.Prev = it.Spec.Limit // see limit.Item.Shrunk
+	}
 	if r.extrapolate {
 		// A replica whose clock is ahead already counts in the next
 		// window what happens now: its hits there are this window's too.

@@ -41,7 +41,9 @@
 --       "g" global or "r" region, 0 when remote is 0; see merge.lua), and
 --       unheard: limit.State.Unheard, the hits the other PoPs probably
 --       admitted since their last news, guessed by the server
---       (redis_estimate.go; 0 when not counted across PoPs)
+--       (redis_estimate.go; 0 when not counted across PoPs), and shrunk (1:
+--       limit.Item.Shrunk, the previous window counts at most the limit;
+--       only for an item counted across PoPs)
 --     token_bucket, gcra "<i8": capacity (burst, or limit when 0)
 --     sliding_log: nothing more
 -- KEYS holds, call after call, the Redis key of each of the call's items,
@@ -363,7 +365,9 @@ local function view(it, st)
   elseif st.s == it.idx + 1 then
     rp = remoteTotal(KEYS[it.rk], it.field)
   end
-  return { s = st.s, c = st.c + rc, p = st.p + rp, u = it.u }
+  local p = st.p + rp
+  if it.shrunk and p > it.limit then p = it.limit end -- see limit.Item.Shrunk
+  return { s = st.s, c = st.c + rc, p = p, u = it.u }
 end
 
 -- decide runs one call: its items are items[1..n], its mode is mode. It
@@ -430,8 +434,9 @@ while p <= nblob do
     alg, shadow, lim, w, p = sunpack('<BBi8i8', blob, p)
     local it = { key = KEYS[k + i - 1], alg = alg, limit = lim, w = w, shadow = shadow == 1, cd = shadow == 2, rk = 0 }
     if alg <= 1 then
-      local r, f
-      it.idx, it.off, r, f, it.u, p = sunpack('<i8i8i4Bd', blob, p)
+      local r, f, shrunk
+      it.idx, it.off, r, f, it.u, shrunk, p = sunpack('<i8i8i4BdB', blob, p)
+      it.shrunk = shrunk == 1
       if r > 0 then
         it.rk, it.field = rkeys + r - 1, FIELDS[f]
         nr = nr + 2
