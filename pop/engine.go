@@ -655,6 +655,7 @@ func itemFor(l *rules.Limit, key []byte, share uint64, countDenied bool) limit.I
 		CountDenied: countDenied && l.Scope == limit.ScopePOP}
 	if share != 0 && l.Scope == limit.ScopeGlobal {
 		it.Spec.Limit = int64(float64(it.Spec.Limit) * math.Float64frombits(share))
+		it.Shrunk = true
 	}
 	return it
 }

@@ -32,7 +32,9 @@ type Scenario struct {
 	// Latency is the one-way latency between regions, symmetric. Every pair of
 	// distinct regions needs an entry; a region with itself defaults to 0.
 	Latency []Link `yaml:"latency"`
-	// Loss is the probability that a message to one PoP is lost.
+	// Loss is the probability that a message on a link between two
+	// regions is lost once, as a TCP segment is: it arrives a
+	// retransmission (200 ms) late, with every message behind it.
 	Loss float64 `yaml:"loss"`
 	// Duplicate is the probability that a message to one PoP arrives twice.
 	Duplicate  float64     `yaml:"duplicate"`

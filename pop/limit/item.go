@@ -50,6 +50,14 @@ type Item struct {
 	// It applies to the window algorithms, token_bucket and gcra (a sliding
 	// log keeps one entry per admitted hit); shadow items ignore it.
 	CountDenied bool
+	// Shrunk items are a global limit cut to this PoP's share while its
+	// region is cut off from others (pop.Engine.SetGlobalShare). Their
+	// previous window counts at most the limit: it was filled under the
+	// whole limit, and the sliding estimate, which takes the previous
+	// window as evenly spread, would release it at the whole limit's
+	// pace — each side of a cut would let in its share again in the
+	// window after it shrank. Stores that replicate apply it.
+	Shrunk bool
 }
 
 // countsDenied reports whether it adds its hits to a denied request.

@@ -455,18 +455,21 @@ func storeName(s string) string {
 func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.Memory, counts Counts, ping func(context.Context) error, closeStore func(), err error) {
 	embedded := cfg.Store == "" || cfg.Store == "embedded"
 	memCfg := store.MemoryConfig{MaxKeys: cfg.MaxKeys, Durable: cfg.Durable != nil}
+	// The estimate's misses, from whichever store makes the estimate.
+	var estimateMiss func(limit.Scope, float64)
+	if cfg.Extrapolate && cfg.Replica != "" {
+		miss := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "edgelimit_estimate_error_hits",
+			Help: "How far this PoP's estimate of another PoP's count of a key it admits near its limit (heard plus guessed since) " +
+				"was from the count that PoP then reported, in hits, by scope: positive overestimated (denied early), negative underestimated (overshoot).",
+			Buckets: []float64{-50, -20, -10, -5, -2, -1, -0.5, 0.5, 1, 2, 5, 10, 20, 50},
+		}, []string{"scope"})
+		reg.MustRegister(miss)
+		estimateMiss = func(scope limit.Scope, hits float64) { miss.WithLabelValues(scope.String()).Observe(hits) }
+	}
 	if embedded {
 		memCfg.Replica, memCfg.RegionPeers, memCfg.Extrapolate = cfg.Replica, cfg.RegionPeers, cfg.Extrapolate
-		if cfg.Extrapolate && cfg.Replica != "" {
-			miss := prometheus.NewHistogramVec(prometheus.HistogramOpts{
-				Name: "edgelimit_estimate_error_hits",
-				Help: "How far this PoP's estimate of another PoP's count of a key it admits near its limit (heard plus guessed since) " +
-					"was from the count that PoP then reported, in hits, by scope: positive overestimated (denied early), negative underestimated (overshoot).",
-				Buckets: []float64{-50, -20, -10, -5, -2, -1, -0.5, 0.5, 1, 2, 5, 10, 20, 50},
-			}, []string{"scope"})
-			reg.MustRegister(miss)
-			memCfg.EstimateMiss = func(scope limit.Scope, hits float64) { miss.WithLabelValues(scope.String()).Observe(hits) }
-		}
+		memCfg.EstimateMiss = estimateMiss
 	}
 	mem = store.NewMemory(memCfg)
 	registerMemory(reg, mem)
@@ -485,7 +488,8 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.
 		return nil, nil, nil, nil, nil, fmt.Errorf("--redis-clock: %w", err)
 	}
 	rs, err := store.OpenRedis(store.RedisConfig{URL: cfg.Store, Password: cfg.RedisPassword, Timeout: cfg.RedisTimeout, ClockSource: clock,
-		BatchWindow: cfg.RedisBatchWindow, Pipelines: cfg.RedisPipelines, Replica: cfg.Replica, RegionPeers: cfg.RegionPeers})
+		BatchWindow: cfg.RedisBatchWindow, Pipelines: cfg.RedisPipelines, Replica: cfg.Replica, RegionPeers: cfg.RegionPeers,
+		Extrapolate: cfg.Extrapolate, EstimateMiss: estimateMiss})
 	if err != nil {
 		close(stop)
 		return nil, nil, nil, nil, nil, fmt.Errorf("store: %w", err)

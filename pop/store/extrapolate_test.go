@@ -74,9 +74,7 @@ func TestExtrapolation(t *testing.T) {
 func TestExtrapolationDenies(t *testing.T) {
 	ms := int64(time.Millisecond)
 	w := int64(time.Second)
-	l := &rules.Limit{Domain: "d", Unit: rules.Second, Scope: limit.ScopeGlobal,
-		Spec: limit.Spec{Algorithm: limit.SlidingWindow, Limit: 100, Window: w}}
-	it := limit.Item{Key: l.AppendKey(nil, []rules.Entry{{Key: "k", Value: "y"}}), Spec: l.Spec, Scope: l.Scope}
+	it := perSecond(limit.SlidingWindow, 100, "y")
 	t0 := limittest.T0.Add(10*time.Second + 900*time.Millisecond).UnixNano()
 	start := limit.WindowStart(t0, w)
 	for _, on := range []bool{false, true} {
@@ -152,9 +150,7 @@ func mirrored(t *testing.T, cfg MemoryConfig) (*Memory, limit.Item, int64) {
 	t.Helper()
 	ms := int64(time.Millisecond)
 	w := int64(time.Second)
-	l := &rules.Limit{Domain: "d", Unit: rules.Second, Scope: limit.ScopeGlobal,
-		Spec: limit.Spec{Algorithm: limit.SlidingWindow, Limit: 120, Window: w}}
-	it := limit.Item{Key: l.AppendKey(nil, []rules.Entry{{Key: "k", Value: "m"}}), Spec: l.Spec, Scope: l.Scope}
+	it := perSecond(limit.SlidingWindow, 120, "m")
 	t0 := limittest.T0.Add(10*time.Second + 900*time.Millisecond).UnixNano()
 	start := limit.WindowStart(t0, w)
 	s := NewMemory(cfg)
@@ -345,10 +341,7 @@ func TestRecentSince(t *testing.T) {
 // took a sprayer's first 100 ms at world scale for nothing admitted.
 func TestMirrorNeedsMemory(t *testing.T) {
 	ms := int64(time.Millisecond)
-	w := int64(time.Second)
-	l := &rules.Limit{Domain: "d", Unit: rules.Second, Scope: limit.ScopeGlobal,
-		Spec: limit.Spec{Algorithm: limit.SlidingWindow, Limit: 100, Window: w}}
-	it := limit.Item{Key: l.AppendKey(nil, []rules.Entry{{Key: "k", Value: "c"}}), Spec: l.Spec, Scope: l.Scope}
+	it := perSecond(limit.SlidingWindow, 100, "c")
 	t0 := limittest.T0.UnixNano() // a window starts here; the key starts with it
 	s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
 	// a admits 10 in the first 100 ms (one each 10 ms): not near the limit
@@ -399,4 +392,12 @@ func TestClockStep(t *testing.T) {
 	if got := c.age(sent + 40*ms); got != float64(10*ms)+float64(20*ms)/8 {
 		t.Fatalf("age after 30 ms of jitter = %v, want 12.5ms", time.Duration(got))
 	}
+}
+
+// perSecond is the item of a global limit of n a second with algorithm alg,
+// for the request value v of descriptor key k.
+func perSecond(alg limit.Algorithm, n int64, v string) limit.Item {
+	l := &rules.Limit{Domain: "d", Unit: rules.Second, Scope: limit.ScopeGlobal,
+		Spec: limit.Spec{Algorithm: alg, Limit: n, Window: int64(time.Second)}}
+	return limit.Item{Key: l.AppendKey(nil, []rules.Entry{{Key: "k", Value: v}}), Spec: l.Spec, Scope: l.Scope}
 }

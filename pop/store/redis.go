@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"strings"
 	"sync"
@@ -124,6 +125,15 @@ type RedisConfig struct {
 	// RegionPeers are the other PoPs of this PoP's region, whose counts a
 	// region-scoped limit adds to its own.
 	RegionPeers []string
+	// Extrapolate, with Replica, makes a check of a region or global
+	// window limit count, beside what Redis holds, the hits other PoPs
+	// have probably admitted since their last news: the same guess as
+	// MemoryConfig.Extrapolate, made by this server and handed to the
+	// script (redis_estimate.go).
+	Extrapolate bool
+	// EstimateMiss, with Extrapolate, is MemoryConfig.EstimateMiss for
+	// this server's estimate.
+	EstimateMiss func(scope limit.Scope, hits float64)
 }
 
 // Redis is the counter store shared by the servers of a PoP, kept in Redis or
@@ -213,6 +223,9 @@ type Redis struct {
 	reqs sync.Pool // *request
 
 	rep *redisReplicated // nil without a replica name
+
+	est      *replicated  // the guess of unheard hits (redis_estimate.go); nil without Extrapolate
+	estSwept atomic.Int64 // when est was last swept (store time, ns)
 }
 
 // OpenRedis connects a Redis store. It fails only on a bad configuration:
@@ -253,6 +266,7 @@ func OpenRedis(cfg RedisConfig) (*Redis, error) {
 		queue:   make(chan *request, cfg.MaxBatch*cfg.Pipelines*2),
 		closing: make(chan struct{}),
 		rep:     newRedisReplicated(cfg),
+		est:     newRedisEstimate(cfg),
 
 		evalItems: maxEvalItems,
 	}
@@ -418,8 +432,13 @@ func (s *Redis) CheckAt(ctx context.Context, now, hits int64, items []limit.Item
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
+	var stBuf [maxInline]limit.State
+	var sts []limit.State // the estimate's view of each item (nil without it)
+	if s.est != nil {
+		sts = s.estimates(now, items, stBuf[:0])
+	}
 	r := s.reqs.Get().(*request)
-	r.prepare(s, now, hits, items, deadline)
+	r.prepare(s, now, hits, items, sts, deadline)
 	r.timer.Reset(time.Until(deadline))
 
 	select {
@@ -437,7 +456,7 @@ func (s *Redis) CheckAt(ctx context.Context, now, hits int64, items []limit.Item
 	select {
 	case <-r.done:
 		r.timer.Stop()
-		return s.track(now, items, out, s.finish(r, out))
+		return s.estimated(now, hits, items, out, sts, s.track(now, items, out, s.finish(r, out)))
 	case <-r.timer.C:
 		err = s.timeoutErr()
 	case <-ctx.Done():
@@ -448,7 +467,7 @@ func (s *Redis) CheckAt(ctx context.Context, now, hits int64, items []limit.Item
 		return err // the pipeliner owns r now and recycles it
 	}
 	<-r.done // the answer arrived as the deadline did: use it
-	return s.track(now, items, out, s.finish(r, out))
+	return s.estimated(now, hits, items, out, sts, s.track(now, items, out, s.finish(r, out)))
 }
 
 func (s *Redis) timeoutErr() error {
@@ -535,7 +554,9 @@ type call struct {
 }
 
 // prepare fills r for a check; r is fresh from the pool.
-func (r *request) prepare(s *Redis, now, hits int64, items []limit.Item, deadline time.Time) {
+// sts, when not nil, holds the estimate's view of each item: its Unheard
+// goes to the script with the item.
+func (r *request) prepare(s *Redis, now, hits int64, items []limit.Item, sts []limit.State, deadline time.Time) {
 	r.state.Store(reqWaiting)
 	r.deadline, r.hits, r.err, r.multi = deadline, hits, nil, false
 	r.shadow, r.cd = r.shadow[:0], r.cd[:0]
@@ -563,7 +584,7 @@ func (r *request) prepare(s *Redis, now, hits int64, items []limit.Item, deadlin
 		c := r.newCall(first)
 		c.header('d', hits, nowHi, nowLo, len(items))
 		for i := range items {
-			c.add(s, kbuf[:0], i, &items[i], now)
+			c.add(s, kbuf[:0], i, &items[i], now, unheardOf(sts, i))
 		}
 		c.keys = append(c.keys, c.rkeys...)
 		return
@@ -580,7 +601,7 @@ func (r *request) prepare(s *Redis, now, hits int64, items []limit.Item, deadlin
 		for j := i; j < len(items); j++ {
 			if !done[j] && keySlot(items[j].Key) == sl {
 				done[j] = true
-				c.add(s, kbuf[:0], j, &items[j], now)
+				c.add(s, kbuf[:0], j, &items[j], now, unheardOf(sts, j))
 			}
 		}
 		binary.LittleEndian.PutUint32(c.blob[callItemsAt:], uint32(len(c.idx)))
@@ -616,8 +637,9 @@ func (r *request) newCall(slot int) *call {
 	return c
 }
 
-// add appends item i of the request to c.
-func (c *call) add(s *Redis, kbuf []byte, i int, it *limit.Item, now int64) {
+// add appends item i of the request to c; unheard is its limit.State
+// Unheard (0 for an item not counted across PoPs).
+func (c *call) add(s *Redis, kbuf []byte, i int, it *limit.Item, now int64, unheard float64) {
 	sp := it.Spec
 	var shadow byte // check.lua: 1 shadow, 2 counts denied hits
 	switch {
@@ -640,7 +662,8 @@ func (c *call) add(s *Redis, kbuf []byte, i int, it *limit.Item, now int64) {
 	default: // the sliding log needs nothing more
 		return
 	}
-	// "<i8i8i4B": window index, offset, remote key number, remote total field.
+	// "<i8i8i4BdB": window index, offset, remote key number, remote total
+	// field, unheard, shrunk.
 	start := limit.WindowStart(now, sp.Window)
 	idx, off := start/sp.Window, now-start
 	c.blob = binary.LittleEndian.AppendUint64(c.blob, uint64(idx))
@@ -648,10 +671,18 @@ func (c *call) add(s *Redis, kbuf []byte, i int, it *limit.Item, now int64) {
 	if !s.replicates(it) {
 		c.blob = binary.LittleEndian.AppendUint32(c.blob, 0)
 		c.blob = append(c.blob, 0)
+		c.blob = binary.LittleEndian.AppendUint64(c.blob, 0) // 0.0
+		c.blob = append(c.blob, 0)
 		return
 	}
 	c.blob = binary.LittleEndian.AppendUint32(c.blob, uint32(len(c.rkeys)+1))
 	c.blob = append(c.blob, remoteField(it.Scope)[1]) // "~g" or "~r": check.lua adds the '~'
+	c.blob = binary.LittleEndian.AppendUint64(c.blob, math.Float64bits(unheard))
+	var shrunk byte
+	if it.Shrunk {
+		shrunk = 1
+	}
+	c.blob = append(c.blob, shrunk)
 	// One statement each: kbuf is reused, and Go may convert both to strings
 	// after both appends if they were arguments of one call.
 	c.rkeys = append(c.rkeys, string(appendRemoteKey(kbuf[:0], it.Key, idx)))

@@ -40,7 +40,7 @@ func runDirectBy(t *testing.T, s *Redis, checks []batchCheck, deadline time.Time
 	batch := make([]*request, len(checks))
 	for i, c := range checks {
 		r := s.reqs.Get().(*request)
-		r.prepare(s, c.now, c.hits, c.items, deadline)
+		r.prepare(s, c.now, c.hits, c.items, nil, deadline)
 		batch[i] = r
 	}
 	var sc scratch

@@ -36,7 +36,7 @@ func BenchmarkRedisOneRoundTrip(b *testing.B) {
 		r := new(request)
 		for pb.Next() {
 			it := benchItem(next.Add(1))
-			r.prepare(s, time.Now().UnixNano(), 1, []limit.Item{it}, time.Time{})
+			r.prepare(s, time.Now().UnixNano(), 1, []limit.Item{it}, nil, time.Time{})
 			c := &r.calls[0]
 			if err := s.client.EvalSha(ctx, checkScript.Hash(), c.keys, c.blob).Err(); err != nil {
 				b.Error(err)

@@ -388,6 +388,9 @@ func (s *Redis) RestoreCtx(ctx context.Context, own []crdt.Slot) error {
 // ignored. Duplicated, reordered and stale slots never count twice. A
 // failure is in ReplicationErr (the next anti-entropy snapshot repairs it).
 func (s *Redis) Apply(sent int64, remote []crdt.Slot) {
+	if s.est != nil {
+		s.estimateApply(s.now(), sent, remote)
+	}
 	s.rep.noteErr(s.ApplyCtx(context.Background(), remote))
 }
 

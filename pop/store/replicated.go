@@ -45,6 +45,10 @@ type replicaClock struct {
 const (
 	maxClockGap = int64(time.Second)
 	maxClockLag = int64(500 * time.Millisecond)
+	// firstNewsSpan caps the span a replica's first news of a key is
+	// taken over (guess): the default flush interval, within which a
+	// replica reports what it counted anyway.
+	firstNewsSpan = float64(100 * time.Millisecond)
 	// lagStep is a change of a replica's stamp-to-apply delay taken for a
 	// step of a clock rather than jitter.
 	lagStep = float64(50 * time.Millisecond)
@@ -187,6 +191,9 @@ func (r *replicated) state(it *limit.Item, now int64) limit.State {
 		return int64(u.own.CountOf(ho, window) + u.remote.TotalOf(hr, window, in))
 	}
 	st := limit.State{Start: start, Cur: count(start), Prev: count(start - w)}
+	if it.Shrunk && st.Prev > it.Spec.Limit {
+		st.Prev = it.Spec.Limit // see limit.Item.Shrunk
+	}
 	if r.extrapolate {
 		// A replica whose clock is ahead already counts in the next
 		// window what happens now: its hits there are this window's too.
@@ -282,10 +289,19 @@ func (c *replicaClock) guess(cur, prev uint64, start, w, now int64, rh *recentHi
 		// is n hits in a span that ends with the n-th: n−1 of them fill the
 		// span and the n-th ends it, so it counts half. Counting it whole
 		// guessed a replica's second hit at twice its rate and denied a
-		// sprayer below the limit; not at all took a replica's first hit
-		// for no rate, and world's worst over seeds went from 4–8% to 4–10%;
-		// half: 4–6%.
-		return (float64(cur) - 0.5) / max(then, c.gap) * age
+		// sprayer below its limit (world, seeds 1–6 and its own: 3–8%
+		// worst, and such denials); not at all took a replica's first hit
+		// for no rate (4–10% worst); half: 4–6%.
+		//
+		// The span is at least the replica's usual gap between messages,
+		// so that a replica's first news a few ms into a window is not
+		// taken for a rate of hundreds a second; but at most
+		// firstNewsSpan: a replica that was quiet before this key (its
+		// messages came a second apart) says nothing of the key's rate,
+		// and dividing by that second guessed a sprayer at a tenth of
+		// its rate (a world-scale sprayer arriving at PoPs that had been
+		// running: 14% over, world-quiet.yaml).
+		return (float64(cur) - 0.5) / max(then, min(c.gap, firstNewsSpan)) * age
 	}
 	rate := theirs / float64(w) // hits per ns
 	inCur := min(age, elapsed)
@@ -522,22 +538,29 @@ func (s *Memory) ApplyAt(now, sent int64, remote []crdt.Slot) {
 	if s.onMiss != nil {
 		misses = s.rep.misses(remote, now)
 	}
-	s.routeLocked(remote, func(u *unitCounts, sl []crdt.Slot) { u.remote.Join(sl...) }, false)
-	last := ""
-	for i := range remote {
-		if name := remote[i].Replica; name != last && name != s.rep.self {
-			last = name
-			c := s.rep.clock(name)
-			if c == nil {
-				c = &replicaClock{name: strings.Clone(name)}
-				s.rep.clocks = append(s.rep.clocks, c)
-			}
-			c.heard(now, sent)
-		}
-	}
+	s.rep.applyLocked(now, sent, remote)
 	s.rep.mu.Unlock()
 	for _, m := range misses {
 		s.onMiss(m.scope, m.hits)
+	}
+}
+
+// applyLocked joins remote, stamped by their sender at sent, into the
+// remote counts as applied now, and notes how old each sender's news is.
+// Requires r.mu held.
+func (r *replicated) applyLocked(now, sent int64, remote []crdt.Slot) {
+	r.routeLocked(remote, func(u *unitCounts, sl []crdt.Slot) { u.remote.Join(sl...) }, false)
+	last := ""
+	for i := range remote {
+		if name := remote[i].Replica; name != last && name != r.self {
+			last = name
+			c := r.clock(name)
+			if c == nil {
+				c = &replicaClock{name: strings.Clone(name)}
+				r.clocks = append(r.clocks, c)
+			}
+			c.heard(now, sent)
+		}
 	}
 }
 
@@ -596,11 +619,11 @@ func (s *Memory) route(slots []crdt.Slot, f func(*unitCounts, []crdt.Slot), own 
 	}
 	s.rep.mu.Lock()
 	defer s.rep.mu.Unlock()
-	s.routeLocked(slots, f, own)
+	s.rep.routeLocked(slots, f, own)
 }
 
-// routeLocked is route with s.rep.mu held.
-func (s *Memory) routeLocked(slots []crdt.Slot, f func(*unitCounts, []crdt.Slot), own bool) {
+// routeLocked is Memory.route with r.mu held.
+func (r *replicated) routeLocked(slots []crdt.Slot, f func(*unitCounts, []crdt.Slot), own bool) {
 	// Hand f runs of consecutive slots of one window length, not one slot
 	// at a time: Counters.Join works a large batch far faster than its
 	// slots one by one (it reads ahead, or sweeps its tables in order).
@@ -616,7 +639,7 @@ func (s *Memory) routeLocked(slots []crdt.Slot, f func(*unitCounts, []crdt.Slot)
 	}
 	for i := range slots {
 		sl := &slots[i]
-		if (sl.Replica == s.rep.self) != own {
+		if (sl.Replica == r.self) != own {
 			flush(i)
 			continue
 		}
@@ -625,7 +648,7 @@ func (s *Memory) routeLocked(slots []crdt.Slot, f func(*unitCounts, []crdt.Slot)
 			flush(i)
 			continue
 		}
-		if u := s.rep.unit(int64(w)); u != run {
+		if u := r.unit(int64(w)); u != run {
 			flush(i)
 			run, runFrom = u, i
 		}

@@ -33,12 +33,17 @@
 --   algorithm (0 sliding_window, 1 fixed_window, 2 token_bucket, 3 gcra,
 --   4 sliding_log), shadow (0, 1 shadow, 2 counts its hits even when the
 --   request is denied: limit.Item.CountDenied), limit, window (ns), then
---     sliding_window, fixed_window "<i8i8i4B": window index
+--     sliding_window, fixed_window "<i8i8i4Bd": window index
 --       floor(now / window), now - index*window, remote (0, or r > 0 for an
 --       item counted across PoPs: its remote hashes for windows index and
 --       index-1 are the call's remote keys r and r + 1), total (with a '~'
 --       before it, the hash field holding the remote total the item adds:
---       "g" global or "r" region, 0 when remote is 0; see merge.lua)
+--       "g" global or "r" region, 0 when remote is 0; see merge.lua), and
+--       unheard: limit.State.Unheard, the hits the other PoPs probably
+--       admitted since their last news, guessed by the server
+--       (redis_estimate.go; 0 when not counted across PoPs), and shrunk (1:
+--       limit.Item.Shrunk, the previous window counts at most the limit;
+--       only for an item counted across PoPs)
 --     token_bucket, gcra "<i8": capacity (burst, or limit when 0)
 --     sliding_log: nothing more
 -- KEYS holds, call after call, the Redis key of each of the call's items,
@@ -204,7 +209,8 @@ local function peek(it, st)
     local startRel = (st.s - it.idx) * w - it.off -- st.Start - now
     local reset = math.max(startRel + w, 0)
     local weight = (w - elapsed) / w
-    local est = st.p * weight + st.c
+    local unheard = st.u or 0
+    local est = st.p * weight + st.c + unheard
     if est + hits <= limit + TOLERANCE then
       return 1, math.max(math.floor(limit - est - hits + TOLERANCE), 0), reset, 0
     end
@@ -213,6 +219,11 @@ local function peek(it, st)
       local idle = startRel
       if st.c > 0 then idle = startRel + 2 * w elseif st.p > 0 then idle = startRel + w end
       return 0, remaining, reset, math.max(idle, 1)
+    end
+    -- Denied on the guess alone: retry at once, no bit (see peekSliding).
+    local heard = est - unheard
+    if heard + hits <= limit + TOLERANCE then
+      return 0, remaining, reset, 1
     end
     local room = limit - hits
     if st.c <= limit - hits then
@@ -224,10 +235,14 @@ local function peek(it, st)
   elseif a == 1 then
     local endRel = (st.s - it.idx) * w - it.off + w -- end - now
     local reset = math.max(endRel, 0)
-    if st.c + hits <= limit then
-      return 1, limit - st.c - hits, reset, 0
+    local cur = st.c + math.ceil((st.u or 0) - TOLERANCE)
+    if cur + hits <= limit then
+      return 1, limit - cur - hits, reset, 0
     end
-    return 0, math.max(limit - st.c, 0), reset, math.max(endRel, 1)
+    if st.c + hits <= limit then
+      return 0, math.max(limit - cur, 0), reset, 1 -- denied on the guess alone
+    end
+    return 0, math.max(limit - cur, 0), reset, math.max(endRel, 1)
   elseif a == 2 then
     local c = it.cap
     local perNano = limit / w
@@ -350,7 +365,9 @@ local function view(it, st)
   elseif st.s == it.idx + 1 then
     rp = remoteTotal(KEYS[it.rk], it.field)
   end
-  return { s = st.s, c = st.c + rc, p = st.p + rp }
+  local p = st.p + rp
+  if it.shrunk and p > it.limit then p = it.limit end -- see limit.Item.Shrunk
+  return { s = st.s, c = st.c + rc, p = p, u = it.u }
 end
 
 -- decide runs one call: its items are items[1..n], its mode is mode. It
@@ -417,8 +434,9 @@ while p <= nblob do
     alg, shadow, lim, w, p = sunpack('<BBi8i8', blob, p)
     local it = { key = KEYS[k + i - 1], alg = alg, limit = lim, w = w, shadow = shadow == 1, cd = shadow == 2, rk = 0 }
     if alg <= 1 then
-      local r, f
-      it.idx, it.off, r, f, p = sunpack('<i8i8i4B', blob, p)
+      local r, f, shrunk
+      it.idx, it.off, r, f, it.u, shrunk, p = sunpack('<i8i8i4BdB', blob, p)
+      it.shrunk = shrunk == 1
       if r > 0 then
         it.rk, it.field = rkeys + r - 1, FIELDS[f]
         nr = nr + 2

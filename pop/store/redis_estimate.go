@@ -1,0 +1,103 @@
+package store
+
+import (
+	"github.com/edgelimit/edgelimit/crdt"
+	"github.com/edgelimit/edgelimit/pop/limit"
+)
+
+// The guess of unheard hits in the Redis store (RedisConfig.Extrapolate).
+//
+// A check of a region or global window limit decides, in the embedded store,
+// on what it heard plus a guess of what the other PoPs admitted since their
+// last news (limit.State.Unheard, replicated.unheard). The Redis store makes
+// the same guess with the same code: each server keeps a replicated of its
+// own — the other PoPs' counts and the age of their news, as it applies them
+// (Apply), and its own admissions (estimated) — computes each item's Unheard
+// before the check and hands it to the script with the item, where the
+// peek adds it exactly as limit.Decide does (check.lua). Redis stays the
+// truth of the counts: the guess only adds to them.
+//
+// Each server of a PoP sees only its own admissions, so its guess of what
+// another PoP did mirrors what this server did, scaled by that PoP's part of
+// the key's traffic against this server's (replicated.guess): the ratio a
+// server of a PoP that shares the load evenly sees is the PoP's. The cost is
+// memory: each server holds the other PoPs' counts of the current and
+// previous windows in process, as an embedded PoP does.
+
+// newRedisEstimate returns the estimate of a store with cfg, or nil.
+func newRedisEstimate(cfg RedisConfig) *replicated {
+	if cfg.Replica == "" || !cfg.Extrapolate {
+		return nil
+	}
+	return newReplicated(cfg.Replica, cfg.RegionPeers, true)
+}
+
+// estimates appends to sts, for each item of a check at now, the state the
+// estimate decides it on (the zero State for an item not counted across
+// PoPs): the script needs its Unheard, and estimated its counts.
+func (s *Redis) estimates(now int64, items []limit.Item, sts []limit.State) []limit.State {
+	e := s.est
+	e.mu.Lock()
+	for i := range items {
+		var st limit.State
+		if s.replicates(&items[i]) {
+			st = e.state(&items[i], now)
+		}
+		sts = append(sts, st)
+	}
+	e.mu.Unlock()
+	return sts
+}
+
+// unheardOf is item i's Unheard in sts, 0 without an estimate.
+func unheardOf(sts []limit.State, i int) float64 {
+	if sts == nil {
+		return 0
+	}
+	return sts[i].Unheard
+}
+
+// estimated counts, after a check at now answered without error, the hits
+// of the replicated items it admitted as this server's own in the estimate,
+// and sweeps the estimate now and then. It returns err unchanged. A request
+// denied as a whole counted nothing (limit.Admit).
+func (s *Redis) estimated(now, hits int64, items []limit.Item, out []limit.Decision, sts []limit.State, err error) error {
+	e := s.est
+	if e == nil || err != nil {
+		return err
+	}
+	for i := range items {
+		if !out[i].Allowed && !items[i].Shadow {
+			return nil
+		}
+	}
+	e.mu.Lock()
+	for i := range items {
+		if out[i].Allowed && !items[i].Shadow && s.replicates(&items[i]) {
+			e.add(&items[i], &sts[i], now, hits)
+		}
+	}
+	e.mu.Unlock()
+	if last := s.estSwept.Load(); now-last >= pruneEvery && s.estSwept.CompareAndSwap(last, now) {
+		e.sweep(now)
+	}
+	return nil
+}
+
+// estimateApply joins remote, stamped by their sender at sent, into the
+// estimate as applied now.
+// With RedisConfig.EstimateMiss, it first reports how far the estimate of
+// each replicated key this server admits near its limit was from remote.
+func (s *Redis) estimateApply(now, sent int64, remote []crdt.Slot) {
+	e := s.est
+	var misses []estimateMiss
+	e.mu.Lock()
+	if s.cfg.EstimateMiss != nil {
+		misses = e.misses(remote, now)
+	}
+	e.applyLocked(now, sent, remote)
+	e.mu.Unlock()
+	for _, m := range misses {
+		s.cfg.EstimateMiss(m.scope, m.hits)
+	}
+}

@@ -1,0 +1,142 @@
+package store
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/crdt"
+	"github.com/edgelimit/edgelimit/pop/limit"
+	"github.com/edgelimit/edgelimit/pop/limit/limittest"
+	"github.com/edgelimit/edgelimit/pop/store/redistest"
+)
+
+// TestRedisEstimateParity runs one timeline on the embedded store and on the
+// Redis store, both replica "a" with the guess of unheard hits on: replica b's
+// news arrives stamped and late, a admits the key near its limit, and a check
+// every 5 ms asks for one hit of a sliding and of a fixed window limit. Every
+// decision — allowed, remaining, reset, retry-after — must be the same in
+// both: the server's guess goes to the script, which adds it as limit.Decide
+// does. The timeline must include denials made on the guess alone (retry at
+// once), and a Redis store without the guess must decide otherwise there, or
+// the test would not test the guess.
+func TestRedisEstimateParity(t *testing.T) {
+	srv := redistest.Start(t)
+	ms := int64(time.Millisecond)
+	items := []limit.Item{perSecond(limit.SlidingWindow, 120, "s"), perSecond(limit.FixedWindow, 120, "f")}
+	t0 := limittest.T0.Add(10 * time.Second).UnixNano() // a window starts here
+
+	type store interface {
+		CheckAt(ctx context.Context, now, hits int64, items []limit.Item, out []limit.Decision) error
+	}
+	clock := new(replClock)
+	var memMiss, redMiss []float64 // edgelimit_estimate_error_hits, as each store reports it
+	mem := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true,
+		EstimateMiss: func(_ limit.Scope, hits float64) { memMiss = append(memMiss, hits) }})
+	red := openTestRedis(t, dbURL(srv, 1), RedisConfig{ClockSource: ClockLocal, Clock: clock.Load, Replica: "a", Extrapolate: true,
+		EstimateMiss: func(_ limit.Scope, hits float64) { redMiss = append(redMiss, hits) }})
+	plain := openTestRedis(t, dbURL(srv, 2), RedisConfig{ClockSource: ClockLocal, Clock: clock.Load, Replica: "a"})
+	apply := func(now, sent int64, count uint64) {
+		clock.at(now)
+		var slots []crdt.Slot
+		for _, it := range items {
+			slots = append(slots, crdt.Slot{Key: string(it.Key), Window: t0, Replica: "b", Count: count})
+		}
+		mem.ApplyAt(now, sent, slots)
+		red.Apply(sent, slots)
+		plain.Apply(sent, slots)
+	}
+	ctx := context.Background()
+	check := func(s store, now int64, it limit.Item) limit.Decision {
+		t.Helper()
+		out := make([]limit.Decision, 1)
+		if err := s.CheckAt(ctx, now, 1, []limit.Item{it}, out); err != nil {
+			t.Fatal(err)
+		}
+		return out[0]
+	}
+	// b's news: 20 hits 100 ms in, then 60 at 200 ms (400 a second), each
+	// 50 ms on the way; then, at 600 ms, 90.
+	apply(t0+150*ms, t0+100*ms, 20)
+	apply(t0+250*ms, t0+200*ms, 60)
+	var onGuess, differs int
+	for now := t0 + 250*ms; now < t0+900*ms; now += 5 * ms {
+		clock.at(now)
+		if now == t0+600*ms {
+			apply(now, now-50*ms, 90)
+		}
+		for _, it := range items {
+			m, r := check(mem, now, it), check(red, now, it)
+			if m != r {
+				t.Fatalf("%v at +%v: embedded %+v, Redis %+v", it.Spec.Algorithm, time.Duration(now-t0), m, r)
+			}
+			if !r.Allowed && r.RetryAfter == 1 {
+				onGuess++
+			}
+			if p := check(plain, now, it); p != r {
+				differs++
+			}
+		}
+	}
+	if onGuess == 0 {
+		t.Fatal("no check was denied on the guess alone: the timeline does not reach it")
+	}
+	if differs == 0 {
+		t.Fatal("a Redis store without the guess decided every check alike")
+	}
+	if len(redMiss) == 0 || !slices.Equal(memMiss, redMiss) {
+		t.Fatalf("estimate misses: embedded %v, Redis %v: want the same, and some", memMiss, redMiss)
+	}
+	t.Logf("%d denials on the guess alone; %d decisions differ from a store without it; misses %v", onGuess, differs, redMiss)
+}
+
+// TestShrunkParity: a global limit cut to its share (limit.Item.Shrunk)
+// counts at most the limit of its previous window, in the embedded store
+// and in the Redis script alike. The previous window holds 100 hits heard
+// from b, the share is 50: unshrunk, the window would open only half way
+// through; shrunk, it opens at the share's pace from the start.
+func TestShrunkParity(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := new(replClock)
+	t0 := limittest.T0.Add(10 * time.Second).UnixNano() // a window starts here
+	it := perSecond(limit.SlidingWindow, 50, "shrunk")
+	whole := it
+	it.Shrunk = true
+	mem := NewMemory(MemoryConfig{Replica: "a"})
+	red := openTestRedis(t, dbURL(srv, 1), RedisConfig{ClockSource: ClockLocal, Clock: clock.Load, Replica: "a"})
+	prev := []crdt.Slot{{Key: string(it.Key), Window: t0 - int64(time.Second), Replica: "b", Count: 100}}
+	clock.at(t0)
+	mem.ApplyAt(t0, t0, prev)
+	red.Apply(t0, prev)
+	ctx := context.Background()
+	admitted := map[bool]int{}
+	for ms := int64(0); ms < 1000; ms += 10 {
+		now := clock.at(t0 + ms*int64(time.Millisecond))
+		var m, r [1]limit.Decision
+		if err := mem.CheckAt(ctx, now, 1, []limit.Item{it}, m[:]); err != nil {
+			t.Fatal(err)
+		}
+		if err := red.CheckAt(ctx, now, 1, []limit.Item{it}, r[:]); err != nil {
+			t.Fatal(err)
+		}
+		if m != r {
+			t.Fatalf("+%dms: embedded %+v, Redis %+v", ms, m[0], r[0])
+		}
+		if m[0].Allowed {
+			admitted[ms < 500]++
+		}
+	}
+	// At the share's pace, 50 a second from the start: about 25 in each
+	// half. Counting the previous window whole would admit none in the
+	// first half (100 × (1 − e) ≥ 50 until e = 0.5).
+	if admitted[true] < 20 || admitted[false] < 20 {
+		t.Fatalf("admitted %d in the first half, %d in the second: want about 25 each", admitted[true], admitted[false])
+	}
+	mem.rep.mu.Lock()
+	st := mem.rep.state(&whole, t0+100*int64(time.Millisecond))
+	mem.rep.mu.Unlock()
+	if st.Prev != 100 {
+		t.Fatalf("unshrunk, the previous window counts %d, want its 100", st.Prev)
+	}
+}
