@@ -295,7 +295,7 @@ type run struct {
 	messages, bytes int64
 	linkFree        [][]int64 // per pair of regions: when the link delivers its latest message (linkAt)
 	pubAt           []int64   // publish's scratch: per region, when the message arrives there
-	latencyNs       int64 // Σ added decision latency (centralized)
+	latencyNs       int64     // Σ added decision latency (centralized)
 	lastSweep       []int64
 	lastBitSweep    []int64
 
