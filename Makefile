@@ -5,7 +5,7 @@ RULES   ?= deploy/examples/rules.yaml
 LISTEN  ?= 127.0.0.1:8080
 DATA    ?= ./data
 
-.PHONY: build run test bench lint fuzz load lab clean proto verify-proto proto-into
+.PHONY: build run test bench lint fuzz load lab soak clean proto verify-proto proto-into
 
 build:
 	$(GO) build -o $(BIN) ./cmd/edgelimit
@@ -84,6 +84,12 @@ SCENARIO ?= simulate/scenarios/partition.yaml
 LAB_FLAGS ?=
 lab:
 	$(GO) run ./deploy/lab/cmd/lab -scenario $(SCENARIO) $(LAB_FLAGS)
+
+## soak: 10 minutes of mixed load on 2 regions × 2 PoPs with PoP kill -9s, Redis and NATS restarts, and a
+## ledger of every decision against the README's bounds; exits 1 on a violation (see deploy/README.md)
+SOAK_FLAGS ?=
+soak:
+	$(GO) run ./deploy/soak/cmd/soak -root . $(SOAK_FLAGS)
 
 clean:
 	rm -rf bin $(DATA)
