@@ -226,7 +226,14 @@ type Redis struct {
 
 	est      *replicated  // the guess of unheard hits (redis_estimate.go); nil without Extrapolate
 	estSwept atomic.Int64 // when est was last swept (store time, ns)
+
+	lostRestores atomic.Uint64 // times ownSlots found Redis holding less than this server published
 }
+
+// LostRestores is how many times the store found Redis holding less of the
+// PoP's own counts than this server had published (Redis restarted empty or
+// from an older snapshot), and put them back.
+func (s *Redis) LostRestores() uint64 { return s.lostRestores.Load() }
 
 // OpenRedis connects a Redis store. It fails only on a bad configuration:
 // a server that is down at start is not an error (checks fail until it is

@@ -140,3 +140,69 @@ func TestShrunkParity(t *testing.T) {
 		t.Fatalf("unshrunk, the previous window counts %d, want its 100", st.Prev)
 	}
 }
+
+// TestRedisLostCounts: Redis restarts empty under a replicating PoP. The
+// PoP must not publish less than it did (receivers keep the most they heard,
+// and would not see its new hits until they passed the old count), must put
+// its count back into Redis so that new hits add to it, and must put back
+// the other PoPs' counts its estimate holds: an emptied Redis must not
+// re-grant a global limit.
+func TestRedisLostCounts(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := new(replClock)
+	t0 := limittest.T0.Add(10 * time.Second).UnixNano()
+	it := perSecond(limit.FixedWindow, 100, "lost")
+	red := openTestRedis(t, srv.URL(), RedisConfig{ClockSource: ClockLocal, Clock: clock.Load, Replica: "a", Extrapolate: true})
+	ctx := context.Background()
+	admit := func(now int64, n int) int {
+		t.Helper()
+		ok := 0
+		for range n {
+			var d [1]limit.Decision
+			if err := red.CheckAt(ctx, now, 1, []limit.Item{it}, d[:]); err != nil {
+				t.Fatal(err)
+			}
+			if d[0].Allowed {
+				ok++
+			}
+		}
+		return ok
+	}
+	published := func() uint64 {
+		t.Helper()
+		d, err := red.DeltaCtx(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sl := range d {
+			if sl.Key == string(it.Key) && sl.Window == t0 {
+				return sl.Count
+			}
+		}
+		return 0
+	}
+	now := clock.at(t0 + int64(100*time.Millisecond))
+	red.Apply(now, []crdt.Slot{{Key: string(it.Key), Window: t0, Replica: "b", Count: 40}})
+	if got := admit(now, 30); got != 30 {
+		t.Fatalf("admitted %d of the first 30", got)
+	}
+	if got := published(); got != 30 {
+		t.Fatalf("published %d, want 30", got)
+	}
+	srv.Restart() // empty
+	now = clock.at(t0 + int64(200*time.Millisecond))
+	if got := admit(now, 5); got != 5 {
+		t.Fatalf("admitted %d of 5 after the restart", got)
+	}
+	if got := published(); got != 30 {
+		t.Fatalf("after Redis restarted empty the PoP published %d, want the 30 it published before", got)
+	}
+	if red.LostRestores() == 0 {
+		t.Fatal("the loss was not noticed")
+	}
+	// Redis holds a's 30 and b's 40 again: 30 more fit, not 95.
+	now = clock.at(t0 + int64(300*time.Millisecond))
+	if got := admit(now, 100); got != 30 {
+		t.Fatalf("after the restore %d more were admitted, want 30 (100 − a's 30 − b's 40)", got)
+	}
+}

@@ -66,9 +66,10 @@ type trackKey struct {
 }
 
 type ownTrack struct {
-	w     int64           // window length, ns
-	alg   limit.Algorithm // the key's algorithm (its Redis key names it)
-	dirty bool            // counted since the last Delta
+	w         int64           // window length, ns
+	alg       limit.Algorithm // the key's algorithm (its Redis key names it)
+	dirty     bool            // counted since the last Delta
+	published uint64          // the most this server published of the pair (ownSlots)
 }
 
 // pruneEvery is how often, at most, checks and Apply drop tracked pairs of
@@ -270,34 +271,62 @@ func (s *Redis) ownSlots(ctx context.Context, delta bool) ([]crdt.Slot, error) {
 		out    []crdt.Slot
 		errs   []error
 		failed []trackKey
+		lost   []crdt.Slot // counts Redis no longer holds (see below)
 	)
 	for i, p := range todo {
 		v, err := cmds[i].Result()
-		if errors.Is(err, redis.Nil) {
-			continue // expired: the window is no longer held
-		}
-		if err != nil {
+		var n uint64
+		switch {
+		case errors.Is(err, redis.Nil):
+			// Expired — or Redis lost it (restarted empty, or from an older
+			// snapshot) while its window is still held: then the published
+			// count below stands.
+		case err != nil:
 			errs = append(errs, err)
 			failed = append(failed, p.tk)
 			continue
+		default:
+			if n, err = ownCount(v, p.tk.window/p.t.w); err != nil {
+				errs = append(errs, fmt.Errorf("key %q: %w", p.tk.key, err))
+				continue
+			}
 		}
-		n, err := ownCount(v, p.tk.window/p.t.w)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("key %q: %w", p.tk.key, err))
-			continue
+		if _, live := mergeTTL(p.tk.window/p.t.w, p.t.w, now); !live {
+			continue // the window is no longer held
+		}
+		// A replica never publishes less than it did: receivers keep the
+		// most they heard, so a lower count would hide this PoP's hits
+		// until they passed it again, while every other PoP went on
+		// admitting against the old one. Redis holds less than this server
+		// published when it lost counts: put them back, so that new hits
+		// add to them (what was admitted between the loss and now, at most
+		// one flush interval of it, stays lost, as after a kill -9).
+		if n < p.t.published {
+			lost = append(lost, crdt.Slot{Key: p.tk.key, Window: p.tk.window, Replica: r.self, Count: p.t.published})
+			n = p.t.published
 		}
 		if n > 0 {
 			out = append(out, crdt.Slot{Key: p.tk.key, Window: p.tk.window, Replica: r.self, Count: n})
 		}
 	}
-	if delta && len(failed) > 0 { // retried by the next Delta
-		r.mu.Lock()
+	r.mu.Lock()
+	for _, sl := range out {
+		if t := r.own[trackKey{sl.Key, sl.Window}]; t != nil {
+			t.published = max(t.published, sl.Count)
+		}
+	}
+	if delta { // retried by the next Delta
 		for _, tk := range failed {
 			if t := r.own[tk]; t != nil {
 				t.dirty = true
 			}
 		}
-		r.mu.Unlock()
+	}
+	r.mu.Unlock()
+	if len(lost) > 0 {
+		if err := s.restoreLost(ctx, now, lost); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	slices.SortFunc(out, crdt.CompareSlots)
 	if len(errs) > 0 {
@@ -328,6 +357,25 @@ func ownCount(v string, widx int64) (uint64, error) {
 		return n[2], nil
 	}
 	return 0, nil
+}
+
+// restoreLost puts back into Redis the own counts it lost (ownSlots), and,
+// with them, the other PoPs' counts the store's estimate holds (the remote
+// hashes were lost too, and would otherwise wait for the next snapshot):
+// an emptied Redis must not re-grant the limits of region and global keys.
+func (s *Redis) restoreLost(ctx context.Context, now int64, own []crdt.Slot) error {
+	s.lostRestores.Add(1)
+	err := s.RestoreCtx(ctx, own)
+	if s.est != nil {
+		s.est.mu.Lock()
+		var remote []crdt.Slot
+		for _, u := range s.est.units {
+			remote = append(remote, u.remote.Slots()...)
+		}
+		s.est.mu.Unlock()
+		err = errors.Join(err, s.ApplyCtx(ctx, remote))
+	}
+	return err
 }
 
 // Restore raises the PoP's own counts in Redis to at least the given slots
