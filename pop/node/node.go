@@ -496,6 +496,12 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.
 	}
 	fb := store.NewFallback(rs, mem, store.FallbackConfig{Failures: cfg.BreakerFailures, Cooldown: cfg.BreakerCooldown})
 	registerFallback(reg, fb)
+	if cfg.Replica != "" {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "edgelimit_store_redis_lost_restores_total",
+			Help: "Times this server found Redis holding less of the PoP's own replicated counts than it had published (Redis restarted empty or from an older snapshot) and put them back, with the other PoPs' counts it held.",
+		}, func() float64 { return float64(rs.LostRestores()) }))
+	}
 	return fb, mem, rs, rs.Ping, func() { close(stop); _ = rs.Close() }, nil
 }
 
