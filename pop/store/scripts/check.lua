@@ -33,7 +33,7 @@
 --   algorithm (0 sliding_window, 1 fixed_window, 2 token_bucket, 3 gcra,
 --   4 sliding_log), shadow (0, 1 shadow, 2 counts its hits even when the
 --   request is denied: limit.Item.CountDenied), limit, window (ns), then
---     sliding_window, fixed_window "<i8i8i4Bd": window index
+--     sliding_window, fixed_window "<i8i8i4BdB": window index
 --       floor(now / window), now - index*window, remote (0, or r > 0 for an
 --       item counted across PoPs: its remote hashes for windows index and
 --       index-1 are the call's remote keys r and r + 1), total (with a '~'
