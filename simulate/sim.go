@@ -865,6 +865,7 @@ func (r *run) linkAt(a, b int, held bool) int64 {
 	return at
 }
 
+// latency draws a one-way latency from region a to region b.
 func (r *run) latency(a, b int) int64 {
 	d := r.top.base[a][b]
 	if j := r.top.jitter[a][b]; j > 0 {
