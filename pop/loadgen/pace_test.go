@@ -31,9 +31,15 @@ func TestRunRateTimeline(t *testing.T) {
 	if len(rep.Timeline) < 2 || len(rep.Timeline) > 3 {
 		t.Errorf("1.5s run spans %d seconds, want 2 or 3", len(rep.Timeline))
 	}
+	if allowed != rep.Status[200] || denied != rep.Status[429] {
+		t.Errorf("timeline allowed %d denied %d; report %v", allowed, denied, rep.Status)
+	}
+	// The server answered every request the report counts, and at most one
+	// more per worker: a request in flight when the run's time ran out,
+	// whose answer the worker no longer read.
 	_, status, _ := s.snapshot()
-	if allowed != rep.Status[200] || denied != rep.Status[429] || allowed != status[200] || denied != status[429] {
-		t.Errorf("timeline allowed %d denied %d; report %v; server %v", allowed, denied, rep.Status, status)
+	if extra := status[200] + status[429] - allowed - denied; status[200] < allowed || status[429] < denied || extra > 4 {
+		t.Errorf("server answered %v; the report counts %d allowed and %d denied (at most one in flight per worker may be missing)", status, allowed, denied)
 	}
 }
 
