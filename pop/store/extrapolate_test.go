@@ -397,7 +397,5 @@ func TestClockStep(t *testing.T) {
 // perSecond is the item of a global limit of n a second with algorithm alg,
 // for the request value v of descriptor key k.
 func perSecond(alg limit.Algorithm, n int64, v string) limit.Item {
-	l := &rules.Limit{Domain: "d", Unit: rules.Second, Scope: limit.ScopeGlobal,
-		Spec: limit.Spec{Algorithm: alg, Limit: n, Window: int64(time.Second)}}
-	return limit.Item{Key: l.AppendKey(nil, []rules.Entry{{Key: "k", Value: v}}), Spec: l.Spec, Scope: l.Scope}
+	return windowItem(rules.Second, alg, limit.ScopeGlobal, n, v)
 }

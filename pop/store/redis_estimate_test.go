@@ -154,20 +154,6 @@ func TestRedisLostCounts(t *testing.T) {
 	it := perSecond(limit.FixedWindow, 100, "lost")
 	red := openTestRedis(t, srv.URL(), RedisConfig{ClockSource: ClockLocal, Clock: clock.Load, Replica: "a", Extrapolate: true})
 	ctx := context.Background()
-	admit := func(now int64, n int) int {
-		t.Helper()
-		ok := 0
-		for range n {
-			var d [1]limit.Decision
-			if err := red.CheckAt(ctx, now, 1, []limit.Item{it}, d[:]); err != nil {
-				t.Fatal(err)
-			}
-			if d[0].Allowed {
-				ok++
-			}
-		}
-		return ok
-	}
 	published := func() uint64 {
 		t.Helper()
 		d, err := red.DeltaCtx(ctx)
@@ -183,7 +169,7 @@ func TestRedisLostCounts(t *testing.T) {
 	}
 	now := clock.at(t0 + int64(100*time.Millisecond))
 	red.Apply(now, []crdt.Slot{{Key: string(it.Key), Window: t0, Replica: "b", Count: 40}})
-	if got := admit(now, 30); got != 30 {
+	if got := admit(t, red, now, it, 30); got != 30 {
 		t.Fatalf("admitted %d of the first 30", got)
 	}
 	if got := published(); got != 30 {
@@ -191,7 +177,7 @@ func TestRedisLostCounts(t *testing.T) {
 	}
 	srv.Restart() // empty
 	now = clock.at(t0 + int64(200*time.Millisecond))
-	if got := admit(now, 5); got != 5 {
+	if got := admit(t, red, now, it, 5); got != 5 {
 		t.Fatalf("admitted %d of 5 after the restart", got)
 	}
 	if got := published(); got != 30 {
@@ -202,7 +188,7 @@ func TestRedisLostCounts(t *testing.T) {
 	}
 	// Redis holds a's 30 and b's 40 again: 30 more fit, not 95.
 	now = clock.at(t0 + int64(300*time.Millisecond))
-	if got := admit(now, 100); got != 30 {
+	if got := admit(t, red, now, it, 100); got != 30 {
 		t.Fatalf("after the restore %d more were admitted, want 30 (100 − a's 30 − b's 40)", got)
 	}
 }

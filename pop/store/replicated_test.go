@@ -16,8 +16,14 @@ import (
 // replItem builds an item the way the engine does, so that its key carries
 // its unit (rules.KeyWindow).
 func replItem(value string, n int64, scope limit.Scope) limit.Item {
-	l := &rules.Limit{Domain: "d", Unit: rules.Minute, Scope: scope,
-		Spec: limit.Spec{Algorithm: limit.SlidingWindow, Limit: n, Window: int64(time.Minute)}}
+	return windowItem(rules.Minute, limit.SlidingWindow, scope, n, value)
+}
+
+// windowItem is the item of a limit of n per unit u with algorithm alg and
+// scope, for the request value of descriptor key k.
+func windowItem(u rules.Unit, alg limit.Algorithm, scope limit.Scope, n int64, value string) limit.Item {
+	l := &rules.Limit{Domain: "d", Unit: u, Scope: scope,
+		Spec: limit.Spec{Algorithm: alg, Limit: n, Window: int64(u.Duration())}}
 	return limit.Item{Key: l.AppendKey(nil, []rules.Entry{{Key: "k", Value: value}}), Spec: l.Spec, Scope: scope}
 }
 
