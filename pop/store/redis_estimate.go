@@ -1,6 +1,8 @@
 package store
 
 import (
+	"slices"
+
 	"github.com/edgelimit/edgelimit/crdt"
 	"github.com/edgelimit/edgelimit/pop/limit"
 )
@@ -34,8 +36,12 @@ func newRedisEstimate(cfg RedisConfig) *replicated {
 
 // estimates appends to sts, for each item of a check at now, the state the
 // estimate decides it on (the zero State for an item not counted across
-// PoPs): the script needs its Unheard, and estimated its counts.
+// PoPs): the script needs its Unheard, and estimated its counts. A check
+// of no such item gets nil, without taking the estimate's lock.
 func (s *Redis) estimates(now int64, items []limit.Item, sts []limit.State) []limit.State {
+	if !slices.ContainsFunc(items, func(it limit.Item) bool { return s.replicates(&it) }) {
+		return nil
+	}
 	e := s.est
 	e.mu.Lock()
 	for i := range items {
@@ -63,7 +69,7 @@ func unheardOf(sts []limit.State, i int) float64 {
 // denied as a whole counted nothing (limit.Admit).
 func (s *Redis) estimated(now, hits int64, items []limit.Item, out []limit.Decision, sts []limit.State, err error) error {
 	e := s.est
-	if e == nil || err != nil {
+	if sts == nil || err != nil { // no estimate, or no item it counts
 		return err
 	}
 	for i := range items {
@@ -78,10 +84,18 @@ func (s *Redis) estimated(now, hits int64, items []limit.Item, out []limit.Decis
 		}
 	}
 	e.mu.Unlock()
-	if last := s.estSwept.Load(); now-last >= pruneEvery && s.estSwept.CompareAndSwap(last, now) {
-		e.sweep(now)
-	}
+	s.sweepEstimate(now)
 	return nil
+}
+
+// sweepEstimate drops the estimate's windows before the previous one, at
+// most once per pruneEvery: after checks (estimated) and applies
+// (estimateApply) alike, so that remote counts of keys this server never
+// checks do not pile up.
+func (s *Redis) sweepEstimate(now int64) {
+	if last := s.estSwept.Load(); now-last >= pruneEvery && s.estSwept.CompareAndSwap(last, now) {
+		s.est.sweep(now)
+	}
 }
 
 // estimateApply joins remote, stamped by their sender at sent, into the
@@ -100,4 +114,5 @@ func (s *Redis) estimateApply(now, sent int64, remote []crdt.Slot) {
 	for _, m := range misses {
 		s.cfg.EstimateMiss(m.scope, m.hits)
 	}
+	s.sweepEstimate(now)
 }
