@@ -427,6 +427,39 @@ func TestMirrorFollowsStall(t *testing.T) {
 	}
 }
 
+// TestStallReachQuietReplica: a replica that admitted a burst of an hourly
+// limit long ago and nothing since is quiet, not stalled. Following its
+// silence with the mirror, which scales this PoP's latest hit by the
+// replica's part of the window (6 of 7), guessed 6 unheard hits and denied
+// a global limit of 10 at 8 (TestPoPsOnRedisReplicate); past the usual gap
+// the guess goes no higher than the replica's own rate over that age.
+func TestStallReachQuietReplica(t *testing.T) {
+	ms := int64(time.Millisecond)
+	it := windowItem(rules.Hour, limit.SlidingWindow, limit.ScopeGlobal, 10, "quiet")
+	t0 := limittest.T0.Add(20 * time.Minute).UnixNano() // 20 minutes into an hourly window
+	start := limit.WindowStart(t0, int64(time.Hour))
+	s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+	// b's burst of 6, then two messages 50 ms apart (its flushes), 10 ms on
+	// the way.
+	for i, n := range []uint64{6, 6, 6} {
+		sent := t0 + int64(i)*50*ms
+		s.ApplyAt(sent+10*ms, sent, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: n}})
+	}
+	// a admits one hit each 150 ms, starting 300 ms after b's last news.
+	for k := range int64(3) {
+		at := t0 + 400*ms + k*150*ms
+		if admit(t, s, at, it, 1) != 1 {
+			t.Fatalf("hit %d of a denied: 6 + %d of a global 10", k+1, k+1)
+		}
+	}
+	s.rep.mu.Lock()
+	st := s.rep.state(&it, t0+400*ms+3*150*ms)
+	s.rep.mu.Unlock()
+	if st.Unheard > 0.1 {
+		t.Fatalf("Unheard = %v for a replica quiet for half a second, want about none", st.Unheard)
+	}
+}
+
 // TestClockStep: when a replica's stamp-to-apply delay steps by more than
 // jitter — a clock moved — the age of its news follows at once instead of
 // over a dozen messages.
