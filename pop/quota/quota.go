@@ -70,6 +70,7 @@ type Quota struct {
 	UpdatedAt   Time
 
 	memo atomic.Pointer[map[*rules.Limit]*rules.Limit]
+	gone bool // a tombstone in an Index's delta: the key was deleted
 }
 
 // Prepare returns q (kept for callers that build quotas by hand: there is
