@@ -69,7 +69,7 @@ func TestLoadMillion(t *testing.T) {
 	}
 	before := heap()
 	idx := &quota.Index{}
-	snap := filepath.Join(t.TempDir(), "snap.json")
+	snap := filepath.Join(t.TempDir(), "snap.bin")
 	s := &quota.Syncer{Store: p, Index: idx, SnapshotPath: snap}
 	start, cpu0 := time.Now(), cpu()
 	if err := s.Start(ctx, time.Minute); err != nil {
@@ -87,11 +87,19 @@ func TestLoadMillion(t *testing.T) {
 	down, _ := quota.NewPostgres("postgres://postgres@127.0.0.1:1/none?connect_timeout=1")
 	defer down.Close()
 	idx2 := &quota.Index{}
+	before = heap()
 	start, cpu0 = time.Now(), cpu()
 	if err := (&quota.Syncer{Store: down, Index: idx2, SnapshotPath: snap}).Start(ctx, time.Second); err != nil {
 		t.Fatal(err)
 	}
+	took, tookCPU = time.Since(start), cpu()-cpu0
+	after = heap()
+	if idx2.Len() != n {
+		t.Fatalf("loaded %d quotas from the snapshot, want %d", idx2.Len(), n)
+	}
 	fi, _ := os.Stat(snap)
-	t.Logf("load from the snapshot file (%.0f MB) with PostgreSQL down: %d quotas in %v (CPU %v)", float64(fi.Size())/(1<<20), idx2.Len(), time.Since(start).Round(time.Millisecond), (cpu() - cpu0).Round(time.Millisecond))
+	t.Logf("load from the snapshot file (%.0f MB) with PostgreSQL down: %d quotas in %v (CPU %v); heap %.0f MB (%.0f B a key)", float64(fi.Size())/(1<<20), idx2.Len(),
+		took.Round(time.Millisecond), tookCPU.Round(time.Millisecond), float64(after-before)/(1<<20), float64(after-before)/float64(n))
 	runtime.KeepAlive(idx)
+	runtime.KeepAlive(idx2)
 }

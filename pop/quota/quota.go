@@ -185,20 +185,20 @@ func (q *Quota) Validate() error {
 		return &FieldError{"overrides", fmt.Sprintf("%d overrides, the limit is %d", len(q.Overrides), MaxOverrides)}
 	}
 	for i, o := range q.Overrides {
-		f := fmt.Sprintf("overrides[%d]", i)
+		f := overrideField(i)
 		switch {
 		case o.Descriptor == "":
-			return &FieldError{f + ".descriptor", "is required: the name of the limit to override"}
+			return &FieldError{f.String() + ".descriptor", "is required: the name of the limit to override"}
 		case len(o.Descriptor) > MaxDescriptorBytes:
-			return &FieldError{f + ".descriptor", fmt.Sprintf("is %d bytes, the limit is %d", len(o.Descriptor), MaxDescriptorBytes)}
+			return &FieldError{f.String() + ".descriptor", fmt.Sprintf("is %d bytes, the limit is %d", len(o.Descriptor), MaxDescriptorBytes)}
 		case o.RequestsPerUnit < 0 || o.RequestsPerUnit > MaxRequestsPerUnit:
-			return &FieldError{f + ".requests_per_unit", fmt.Sprintf("must be between 0 and %d, got %d", MaxRequestsPerUnit, o.RequestsPerUnit)}
+			return &FieldError{f.String() + ".requests_per_unit", fmt.Sprintf("must be between 0 and %d, got %d", MaxRequestsPerUnit, o.RequestsPerUnit)}
 		case o.Unit.Duration() <= 0:
-			return &FieldError{f + ".unit", "must be second, minute, hour or day"}
+			return &FieldError{f.String() + ".unit", "must be second, minute, hour or day"}
 		}
 		for j := range i { // at most MaxOverrides: no map needed
 			if q.Overrides[j].Descriptor == o.Descriptor {
-				return &FieldError{f + ".descriptor", fmt.Sprintf("%q is already overridden by overrides[%d]", o.Descriptor, j)}
+				return &FieldError{f.String() + ".descriptor", fmt.Sprintf("%q is already overridden by overrides[%d]", o.Descriptor, j)}
 			}
 		}
 	}
@@ -207,6 +207,13 @@ func (q *Quota) Validate() error {
 	}
 	return nil
 }
+
+// overrideField names overrides[i] in a FieldError; a function, so that
+// validating a good quota (a million of them when a snapshot loads) does not
+// format the name.
+type overrideField int
+
+func (i overrideField) String() string { return fmt.Sprintf("overrides[%d]", int(i)) }
 
 // Change is one API key's new state: its quota, or nil when it was deleted.
 type Change struct {

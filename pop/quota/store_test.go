@@ -193,7 +193,7 @@ func TestSyncerFollowsNotifications(t *testing.T) {
 	defer reader.Close()
 	idx := &quota.Index{}
 	synced := make(chan int64, 100)
-	s := &quota.Syncer{Store: reader, Index: idx, Poll: time.Hour, SnapshotPath: filepath.Join(t.TempDir(), "snap.json"),
+	s := &quota.Syncer{Store: reader, Index: idx, Poll: time.Hour, SnapshotPath: filepath.Join(t.TempDir(), "snap.bin"),
 		Synced: func(v int64) { synced <- v }}
 	if err := s.Start(ctx, 5*time.Second); err != nil {
 		t.Fatal(err)
@@ -244,7 +244,7 @@ func TestSyncerStartsFromSnapshotWhenStoreIsDown(t *testing.T) {
 	if _, err := p.Put(ctx, mkQuota("gold", "pro"), "t"); err != nil {
 		t.Fatal(err)
 	}
-	snap := filepath.Join(t.TempDir(), "snap.json")
+	snap := filepath.Join(t.TempDir(), "snap.bin")
 	idx := &quota.Index{}
 	saved := make(chan int64, 10)
 	s := &quota.Syncer{Store: p, Index: idx, SnapshotPath: snap, Synced: func(v int64) { saved <- v }}

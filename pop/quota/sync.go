@@ -68,7 +68,7 @@ func (s *Syncer) Start(ctx context.Context, timeout time.Duration) error {
 		s.log().Error("quotas: the store does not answer; starting without quotas until it does", "err", err)
 		return nil
 	}
-	all, v, ferr := readSnapshot(s.SnapshotPath)
+	all, v, ferr := ReadSnapshot(s.SnapshotPath)
 	switch {
 	case errors.Is(ferr, os.ErrNotExist):
 		s.log().Error("quotas: the store does not answer and there is no snapshot; starting without quotas until it does", "err", err)
