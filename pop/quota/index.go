@@ -119,6 +119,12 @@ func (x *Index) Replace(all []*Quota, version int64) {
 	x.cur.Store(s)
 }
 
+// replaceTable makes t, built under seed (x.seed()), the whole snapshot at
+// version.
+func (x *Index) replaceTable(seed maphash.Seed, t table, version int64) {
+	x.cur.Store(&snapshot{seed: seed, base: t, version: version})
+}
+
 // seed is the hash seed of x's tables: the one in force, or a new one for
 // x's first snapshot.
 func (x *Index) seed() maphash.Seed {

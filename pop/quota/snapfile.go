@@ -187,10 +187,21 @@ func ReadSnapshot(path string) ([]*Quota, int64, error) {
 	if string(head) != snapMagic {
 		return readSnapshotJSON(path, r)
 	}
-	b, err := io.ReadAll(r)
+	// One buffer of the file's size: growing one as it reads would leave
+	// twice the file in garbage, at the load's peak of memory.
+	fi, err := f.Stat()
 	if err != nil {
 		return nil, 0, fmt.Errorf("quota: %s: %w", path, err)
 	}
+	b := make([]byte, fi.Size())
+	n, err := io.ReadFull(r, b)
+	if err == io.ErrUnexpectedEOF { // shrunk since the Stat: damaged below
+		err = nil
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("quota: %s: %w", path, err)
+	}
+	b = b[:n]
 	all, v, err := decodeSnapshot(b)
 	if err != nil {
 		return nil, 0, fmt.Errorf("quota: %s: %w", path, err)

@@ -50,6 +50,33 @@ func (t *table) find(h uint64, key string) (*Quota, bool) {
 	}
 }
 
+// findBytes is find of a key held as bytes; it does not allocate.
+func (t *table) findBytes(h uint64, key []byte) (*Quota, bool) {
+	if t.n == 0 {
+		return nil, false
+	}
+	for i := h & t.mask; ; i = (i + 1) & t.mask {
+		s := &t.slots[i]
+		if s.q == nil {
+			return nil, false
+		}
+		if s.hash == h && s.q.APIKey == string(key) {
+			return s.q, true
+		}
+	}
+}
+
+// add is put of a key not in t, doubling t first when it would be more
+// than three quarters full.
+func (t *table) add(h uint64, q *Quota) {
+	if (t.n+1)*4 > len(t.slots)*3 {
+		bigger := table{slots: make([]slot, 2*len(t.slots)), mask: uint64(2*len(t.slots) - 1)}
+		t.each(bigger.put)
+		*t = bigger
+	}
+	t.put(h, q)
+}
+
 // put inserts q under its key, whose hash is h, replacing the quota of the
 // same key. It requires a table made by newTable for at least t.n+1 keys.
 func (t *table) put(h uint64, q *Quota) {
@@ -77,5 +104,5 @@ func (t *table) each(fn func(h uint64, q *Quota)) {
 }
 
 // hashKey is the hash of key under seed; one Index uses one seed for all its
-// tables.
+// tables. maphash.Bytes of the same bytes gives the same hash.
 func hashKey(seed maphash.Seed, key string) uint64 { return maphash.String(seed, key) }
