@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -33,7 +34,8 @@ func snapQuotas() []*quota.Quota {
 	}
 }
 
-// data is a quota's fields, without the memo a compare must not see.
+// data is a quota's fields, without the memo a compare must not see, its
+// overrides in descriptor order (their order means nothing).
 func data(qs []*quota.Quota) []quota.Quota {
 	out := make([]quota.Quota, len(qs))
 	for i, q := range qs {
@@ -41,6 +43,7 @@ func data(qs []*quota.Quota) []quota.Quota {
 		if len(c.Overrides) == 0 {
 			c.Overrides = nil
 		}
+		slices.SortFunc(c.Overrides, func(a, b quota.Override) int { return strings.Compare(a.Descriptor, b.Descriptor) })
 		out[i] = quota.Quota{APIKey: c.APIKey, Tier: c.Tier, Overrides: c.Overrides, EffectiveAt: c.EffectiveAt, ExpiresAt: c.ExpiresAt, UpdatedAt: c.UpdatedAt}
 	}
 	return out

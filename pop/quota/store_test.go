@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -323,5 +324,58 @@ func TestDamagedSnapshot(t *testing.T) {
 		if name == "bad line" && !strings.Contains(err.Error(), ":3") {
 			t.Errorf("%s: %v, want it to name line 3", name, err)
 		}
+	}
+}
+
+// A Syncer's load from PostgreSQL reads rows in the table's order, where a
+// key's rows need not be adjacent: each key still gets its tier, times and
+// every override, exactly as a Get (which reads in key order) sees it.
+func TestPostgresLoadOfScatteredRows(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	p, err := quota.OpenPostgres(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// Inserted in this order, so a seq scan returns them so: a's and c's
+	// overrides come before, between and after other keys' rows.
+	for _, row := range [][]any{
+		{"c", "tier:pro", "pro", 5, "minute", nil},
+		{"a", "", "pro", nil, nil, time.Unix(100, 0)},
+		{"b", "", "free", nil, nil, nil},
+		{"a", "tier:pro", "pro", 9, "hour", time.Unix(100, 0)},
+		{"c", "", "pro", nil, nil, nil},
+		{"b2", "", "", nil, nil, nil},
+		{"a", "api_key.endpoint=GET /", "pro", 3, "second", time.Unix(100, 0)},
+	} {
+		if _, err := conn.Exec(ctx, `INSERT INTO quota_overrides (api_key, descriptor, tier, requests_per_unit, unit, effective_at) VALUES ($1, $2, $3, $4, $5, $6)`, row...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	idx := &quota.Index{}
+	if err := (&quota.Syncer{Store: p, Index: idx}).Start(ctx, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if idx.Len() != 4 {
+		t.Fatalf("%d quotas loaded, want 4", idx.Len())
+	}
+	for _, k := range []string{"a", "b", "b2", "c"} {
+		want, err := p.Get(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := idx.Get(k)
+		if got == nil || !reflect.DeepEqual(data([]*quota.Quota{got}), data([]*quota.Quota{want})) {
+			t.Errorf("%s: loaded %+v, Get says %+v", k, got, want)
+		}
+	}
+	if a := idx.Get("a"); len(a.Overrides) != 2 || a.EffectiveAt != quota.TimeOf(time.Unix(100, 0)) {
+		t.Errorf("a: %+v, want two overrides and effective_at 100", a)
 	}
 }
