@@ -235,3 +235,20 @@ func TestIndexAgainstMap(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkQuotaLimit is the check path's second step for a key with an
+// override: the limit that replaces a tier limit (remembered after the first
+// check) and a limit the override does not name.
+func BenchmarkQuotaLimit(b *testing.B) {
+	l := &rules.Limit{Name: "tier:pro", Unit: rules.Minute, Spec: limit.Spec{Algorithm: limit.SlidingWindow, Limit: 100, Window: int64(time.Minute)}}
+	other := &rules.Limit{Name: "other", Unit: rules.Minute, Spec: l.Spec}
+	q := mkQuota("k", "pro", quota.Override{Descriptor: "tier:pro", RequestsPerUnit: 7, Unit: rules.Hour})
+	q.Limit(l)
+	q.Limit(other)
+	b.ReportAllocs()
+	for b.Loop() {
+		if q.Limit(l) == l || q.Limit(other) != other {
+			b.Fatal("wrong limit")
+		}
+	}
+}

@@ -69,7 +69,7 @@ type Quota struct {
 	ExpiresAt   Time
 	UpdatedAt   Time
 
-	memo atomic.Pointer[map[*rules.Limit]*rules.Limit]
+	memo atomic.Pointer[[]memoEntry]
 	gone bool // a tombstone in an Index's delta: the key was deleted
 }
 
@@ -99,8 +99,13 @@ func (q *Quota) Override(name string) *Override {
 }
 
 // maxMemo bounds the limits one quota remembers; past it, the memo starts
-// over (rule reloads leave old limits behind).
-const maxMemo = 256
+// over (rule reloads leave old limits behind). A key meets a handful of
+// limits, so the memo is a short list searched in order: one or two cache
+// lines, where a map costs a header, a group and a slot.
+const maxMemo = 16
+
+// memoEntry remembers that limit from applies to this key as to.
+type memoEntry struct{ from, to *rules.Limit }
 
 // Limit returns the limit that applies to this key in place of l: l itself
 // when no override names it, else a copy with the override's quota and unit
@@ -112,8 +117,10 @@ func (q *Quota) Limit(l *rules.Limit) *rules.Limit {
 	}
 	m := q.memo.Load()
 	if m != nil {
-		if r, ok := (*m)[l]; ok {
-			return r
+		for _, e := range *m {
+			if e.from == l {
+				return e.to
+			}
 		}
 	}
 	r := l
@@ -122,13 +129,11 @@ func (q *Quota) Limit(l *rules.Limit) *rules.Limit {
 			r = c
 		}
 	}
-	next := make(map[*rules.Limit]*rules.Limit, 4)
+	var next []memoEntry
 	if m != nil && len(*m) < maxMemo {
-		for k, v := range *m {
-			next[k] = v
-		}
+		next = append(make([]memoEntry, 0, len(*m)+1), *m...)
 	}
-	next[l] = r
+	next = append(next, memoEntry{l, r})
 	q.memo.Store(&next) // a racing store loses an entry, recomputed next time
 	return r
 }
