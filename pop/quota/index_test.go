@@ -68,6 +68,14 @@ func TestQuotaLimit(t *testing.T) {
 	if a := testing.AllocsPerRun(100, func() { q.Limit(l); q.Limit(other) }); a != 0 {
 		t.Fatalf("Limit allocates %v times", a)
 	}
+	// Keys with the same override of l share one limit; another quota or
+	// unit is another limit.
+	same := mkQuota("k2", "pro", quota.Override{Descriptor: "tier:pro", RequestsPerUnit: 7, Unit: rules.Hour})
+	more := mkQuota("k3", "pro", quota.Override{Descriptor: "tier:pro", RequestsPerUnit: 8, Unit: rules.Hour})
+	perMinute := mkQuota("k4", "pro", quota.Override{Descriptor: "tier:pro", RequestsPerUnit: 7, Unit: rules.Minute})
+	if same.Limit(l) != got || more.Limit(l) == got || more.Limit(l).Spec.Limit != 8 || perMinute.Limit(l) == got || perMinute.Limit(l).Unit != rules.Minute {
+		t.Fatal("limits with the same override are not shared, or different ones are")
+	}
 }
 
 func TestValidate(t *testing.T) {

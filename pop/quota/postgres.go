@@ -258,7 +258,10 @@ func scanRows(rows pgx.Rows, quota func(key []byte) *Quota) error {
 }
 
 // slabs hands out quotas, overrides and strings carved from larger
-// allocations. A slab lives as long as any quota carved from it: a PoP that
+// allocations: fewer objects to allocate, and fewer for the garbage
+// collector to visit on every cycle for as long as the quotas are held (on a
+// PoP serving checks with 100k quotas from per-quota objects, marking them
+// was several per cent of its CPU). A slab lives as long as any quota carved from it: a PoP that
 // later replaces most keys one by one keeps some slabs partly used, bounded
 // by the slab size per live key.
 type slabs struct {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -69,8 +70,9 @@ type Quota struct {
 	ExpiresAt   Time
 	UpdatedAt   Time
 
-	memo atomic.Pointer[[]memoEntry]
-	gone bool // a tombstone in an Index's delta: the key was deleted
+	memo atomic.Pointer[memoNode]
+	last atomic.Pointer[limitPair] // the pair remembered last
+	gone bool                      // a tombstone in an Index's delta: the key was deleted
 }
 
 // Prepare returns q (kept for callers that build quotas by hand: there is
@@ -99,43 +101,121 @@ func (q *Quota) Override(name string) *Override {
 }
 
 // maxMemo bounds the limits one quota remembers; past it, the memo starts
-// over (rule reloads leave old limits behind). A key meets a handful of
-// limits, so the memo is a short list searched in order: one or two cache
-// lines, where a map costs a header, a group and a slot.
+// over (rule reloads leave old limits behind).
 const maxMemo = 16
 
-// memoEntry remembers that limit from applies to this key as to.
-type memoEntry struct{ from, to *rules.Limit }
+// limitPair says that limit from applies as to (to == from when no override
+// names it). Pairs are shared among quotas (sharedLimits): every key with the
+// same override of a limit holds the same pair, which stays in the CPU's
+// caches however many keys there are.
+type limitPair struct{ from, to *rules.Limit }
+
+// memoNode is one remembered pair of a quota's memo (besides the last one):
+// an immutable list, newest first. A key meets a handful of limits.
+type memoNode struct {
+	pair *limitPair
+	next *memoNode
+	n    int // nodes from this one to the end
+}
 
 // Limit returns the limit that applies to this key in place of l: l itself
-// when no override names it, else a copy with the override's quota and unit
-// (Overridden). The copy is remembered per limit, so that after the first
-// check of a key with overrides, Limit does not allocate. A nil q returns l.
+// when no override names it, else the limit with the override's quota and
+// unit (Overridden), shared by every key with the same override of l. It is
+// remembered per limit, so that after the first check of a key with
+// overrides, Limit does not allocate, and for the limit it remembered last
+// (a key with one tier limit: every check) it reads the quota and one shared
+// pair: on the check path of many keys, no cache miss beyond the quota's own.
 func (q *Quota) Limit(l *rules.Limit) *rules.Limit {
 	if q == nil || len(q.Overrides) == 0 {
 		return l
 	}
+	if p := q.last.Load(); p != nil && p.from == l {
+		return p.to
+	}
 	m := q.memo.Load()
-	if m != nil {
-		for _, e := range *m {
-			if e.from == l {
-				return e.to
-			}
+	for n := m; n != nil; n = n.next {
+		if n.pair.from == l { // last stays: the check path writes nothing shared
+			return n.pair.to
 		}
 	}
-	r := l
+	var p *limitPair
 	if o := q.Override(l.Name); o != nil {
-		if c, err := Overridden(l, o); err == nil {
-			r = c
+		p = sharedLimits.overridden(l, o)
+	} else {
+		p = sharedLimits.same(l)
+	}
+	// The first pair is remembered in last alone: a key that meets one
+	// limit (the common case) holds no memo node, one object fewer per key
+	// for the garbage collector to visit. Once last is taken, it moves to
+	// the list as a new pair takes its place.
+	if prev := q.last.Load(); prev != nil {
+		if m != nil && m.n >= maxMemo {
+			m = nil
 		}
+		next := &memoNode{pair: prev, next: m, n: 1}
+		if m != nil {
+			next.n += m.n
+		}
+		q.memo.Store(next) // a racing store loses an entry, recomputed next time
 	}
-	var next []memoEntry
-	if m != nil && len(*m) < maxMemo {
-		next = append(make([]memoEntry, 0, len(*m)+1), *m...)
+	q.last.Store(p)
+	return p.to
+}
+
+// limitPairs shares pairs among quotas: keys with the same override of a
+// limit (the same quota and unit, as customers on one contract have) get one
+// pair and one overridden *rules.Limit, so that checks of many keys read one
+// hot limit, not one each, and a million quotas do not hold a million
+// copies. It is safe for concurrent use; only a key's first check of a limit
+// asks it.
+type limitPairs struct {
+	mu sync.Mutex
+	m  map[pairKey]*limitPair
+}
+
+// pairKey names a pair: limit l with an override of rpu per unit, or l
+// unchanged when same.
+type pairKey struct {
+	l    *rules.Limit
+	rpu  int64
+	unit rules.Unit
+	same bool
+}
+
+// maxShared bounds the pairs shared; past it the map starts over (rule
+// reloads leave old limits behind; a pair already handed out stays valid).
+const maxShared = 1 << 16
+
+var sharedLimits limitPairs
+
+// overridden returns the pair of l with o's quota, or of l unchanged when l
+// cannot take it (Overridden fails).
+func (s *limitPairs) overridden(l *rules.Limit, o *Override) *limitPair {
+	return s.get(pairKey{l: l, rpu: o.RequestsPerUnit, unit: o.Unit}, func() *rules.Limit {
+		if c, err := Overridden(l, o); err == nil {
+			return c
+		}
+		return l
+	})
+}
+
+// same returns the pair of l unchanged.
+func (s *limitPairs) same(l *rules.Limit) *limitPair {
+	return s.get(pairKey{l: l, same: true}, func() *rules.Limit { return l })
+}
+
+func (s *limitPairs) get(k pairKey, to func() *rules.Limit) *limitPair {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p, ok := s.m[k]; ok {
+		return p
 	}
-	next = append(next, memoEntry{l, r})
-	q.memo.Store(&next) // a racing store loses an entry, recomputed next time
-	return r
+	if s.m == nil || len(s.m) >= maxShared {
+		s.m = make(map[pairKey]*limitPair)
+	}
+	p := &limitPair{from: k.l, to: to()}
+	s.m[k] = p
+	return p
 }
 
 // Overridden returns a copy of l with o's quota: RequestsPerUnit per Unit,

@@ -380,6 +380,7 @@ func readSnapshotJSON(path string, r io.Reader) ([]*Quota, int64, error) {
 	}
 	out := make([]*Quota, 0, min(h.Count, 1<<20))
 	in := interner{}
+	var a slabs // see slabs: a held quota is a few slab entries, not four objects
 	line := 1
 	for sc.Scan() {
 		line++
@@ -391,11 +392,13 @@ func readSnapshotJSON(path string, r io.Reader) ([]*Quota, int64, error) {
 		if err != nil {
 			return nil, 0, fmt.Errorf("quota: %s:%d: %w", path, line, err)
 		}
-		q.Tier = in.get([]byte(q.Tier))
 		for j := range q.Overrides {
 			q.Overrides[j].Descriptor = in.get([]byte(q.Overrides[j].Descriptor))
 		}
-		out = append(out, q)
+		held := a.quota()
+		held.APIKey, held.Tier, held.Overrides = a.str([]byte(q.APIKey)), in.get([]byte(q.Tier)), a.overridesOf(q.Overrides)
+		held.EffectiveAt, held.ExpiresAt, held.UpdatedAt = q.EffectiveAt, q.ExpiresAt, q.UpdatedAt
+		out = append(out, held)
 	}
 	if err := sc.Err(); err != nil {
 		return nil, 0, fmt.Errorf("quota: %s:%d: %w", path, line+1, err)
