@@ -8,7 +8,7 @@ import (
 // Index holds every API key's quota in memory for the check path: a
 // versioned, immutable snapshot swapped atomically. A snapshot is a large
 // base table plus a small delta of the keys changed since the base was built
-// (a tombstone marks a deleted key), so that a change copies the delta, not a
+// (the tombstone marks a deleted key), so that a change copies the delta, not a
 // million keys; once the delta grows past an eighth of the base it is folded
 // into a new base. Both are open-addressed tables (table.go) under one hash
 // seed, so a lookup hashes the key once however many tables it probes.
@@ -39,7 +39,7 @@ func (x *Index) QuotaAt(now int64, key string) *Quota {
 	if !ok {
 		q, _ = s.base.find(h, key)
 	}
-	if q == nil || q.gone || !q.InForceAt(now) {
+	if q == nil || q == tombstone || !q.InForceAt(now) {
 		return nil
 	}
 	return q
@@ -56,7 +56,7 @@ func (x *Index) Get(key string) *Quota {
 	if !ok {
 		q, _ = s.base.find(h, key)
 	}
-	if q == nil || q.gone {
+	if q == nil || q == tombstone {
 		return nil
 	}
 	return q
@@ -77,12 +77,12 @@ func (x *Index) Len() int {
 		return 0
 	}
 	n := s.base.n
-	s.delta.each(func(h uint64, q *Quota) {
-		_, inBase := s.base.find(h, q.APIKey)
+	s.delta.each(func(h uint64, key string, q *Quota) {
+		_, inBase := s.base.find(h, key)
 		switch {
-		case q.gone && inBase:
+		case q == tombstone && inBase:
 			n--
-		case !q.gone && !inBase:
+		case q != tombstone && !inBase:
 			n++
 		}
 	})
@@ -96,13 +96,13 @@ func (x *Index) All() []*Quota {
 		return nil
 	}
 	out := make([]*Quota, 0, s.base.n+s.delta.n)
-	s.base.each(func(h uint64, q *Quota) {
-		if _, changed := s.delta.find(h, q.APIKey); !changed {
+	s.base.each(func(h uint64, key string, q *Quota) {
+		if _, changed := s.delta.find(h, key); !changed {
 			out = append(out, q)
 		}
 	})
-	s.delta.each(func(_ uint64, q *Quota) {
-		if !q.gone {
+	s.delta.each(func(_ uint64, _ string, q *Quota) {
+		if q != tombstone {
 			out = append(out, q)
 		}
 	})
@@ -114,7 +114,7 @@ func (x *Index) All() []*Quota {
 func (x *Index) Replace(all []*Quota, version int64) {
 	s := &snapshot{seed: x.seed(), base: newTable(len(all)), version: version}
 	for _, q := range all {
-		s.base.put(hashKey(s.seed, q.APIKey), q)
+		s.base.put(hashKey(s.seed, q.APIKey), q.APIKey, q)
 	}
 	x.cur.Store(s)
 }
@@ -145,9 +145,9 @@ func (x *Index) Apply(changes []Change, version int64) {
 	for _, c := range changes {
 		q := c.Quota
 		if q == nil {
-			q = &Quota{APIKey: c.APIKey, gone: true}
+			q = tombstone
 		}
-		delta.put(hashKey(old.seed, q.APIKey), q)
+		delta.put(hashKey(old.seed, c.APIKey), c.APIKey, q)
 	}
 	next := &snapshot{seed: old.seed, base: old.base, delta: delta, version: max(version, old.version)}
 	if delta.n > max(1024, old.base.n/8) {
@@ -159,14 +159,14 @@ func (x *Index) Apply(changes []Change, version int64) {
 // folded returns a new base: base with delta's changes made.
 func folded(base, delta *table) table {
 	out := newTable(base.n + delta.n)
-	base.each(func(h uint64, q *Quota) {
-		if _, changed := delta.find(h, q.APIKey); !changed {
-			out.put(h, q)
+	base.each(func(h uint64, key string, q *Quota) {
+		if _, changed := delta.find(h, key); !changed {
+			out.put(h, key, q)
 		}
 	})
-	delta.each(func(h uint64, q *Quota) {
-		if !q.gone {
-			out.put(h, q)
+	delta.each(func(h uint64, key string, q *Quota) {
+		if q != tombstone {
+			out.put(h, key, q)
 		}
 	})
 	return out

@@ -511,7 +511,7 @@ func (p *Postgres) Snapshot(ctx context.Context) ([]*Quota, int64, error) {
 		return nil, 0, err
 	}
 	all := make([]*Quota, 0, t.n)
-	t.each(func(_ uint64, q *Quota) { all = append(all, q) })
+	t.each(func(_ uint64, _ string, q *Quota) { all = append(all, q) })
 	return all, v, nil
 }
 

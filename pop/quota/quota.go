@@ -72,7 +72,6 @@ type Quota struct {
 
 	memo atomic.Pointer[memoNode]
 	last atomic.Pointer[limitPair] // the pair remembered last
-	gone bool                      // a tombstone in an Index's delta: the key was deleted
 }
 
 // Prepare returns q (kept for callers that build quotas by hand: there is

@@ -27,7 +27,7 @@ type table struct {
 
 type slot struct {
 	hash uint64
-	key  string // q.APIKey, the same bytes
+	key  string // q.APIKey, the same bytes (a tombstone has none)
 	q    *Quota
 }
 
@@ -90,21 +90,22 @@ func (t *table) add(h uint64, q *Quota) {
 		t.each(bigger.put)
 		*t = bigger
 	}
-	t.put(h, q)
+	t.put(h, q.APIKey, q)
 }
 
-// put inserts q under its key, whose hash is h, replacing the quota of the
-// same key. It requires a table made by newTable for at least t.n+1 keys.
-func (t *table) put(h uint64, q *Quota) {
+// put inserts q (q.APIKey, or the tombstone) under key, whose hash is h,
+// replacing the quota of the same key. It requires a table made by newTable
+// for at least t.n+1 keys.
+func (t *table) put(h uint64, key string, q *Quota) {
 	for i := t.home(h); ; {
 		s := &t.slots[i]
 		if s.q == nil {
-			s.hash, s.key, s.q = h, q.APIKey, q
+			s.hash, s.key, s.q = h, key, q
 			t.n++
 			return
 		}
-		if s.hash == h && s.key == q.APIKey {
-			s.key, s.q = q.APIKey, q
+		if s.hash == h && s.key == key {
+			s.key, s.q = key, q
 			return
 		}
 		if i++; i == len(t.slots) {
@@ -113,14 +114,17 @@ func (t *table) put(h uint64, q *Quota) {
 	}
 }
 
-// each calls fn with every quota held, in slot order.
-func (t *table) each(fn func(h uint64, q *Quota)) {
+// each calls fn with every key held and its quota, in slot order.
+func (t *table) each(fn func(h uint64, key string, q *Quota)) {
 	for i := range t.slots {
 		if s := &t.slots[i]; s.q != nil {
-			fn(s.hash, s.q)
+			fn(s.hash, s.key, s.q)
 		}
 	}
 }
+
+// tombstone is the quota of a key deleted, in an Index's delta.
+var tombstone = &Quota{}
 
 // hashKey is the hash of key under seed; one Index uses one seed for all its
 // tables. maphash.Bytes of the same bytes gives the same hash.
