@@ -10,6 +10,7 @@ var (
 	DecodeSnapshotBodyForTest = decodeSnapshotBody
 	WriteSnapshotJSONForTest  = writeSnapshotJSON
 	WriteSnapshotForTest      = writeSnapshot
+	BulkLoadForTest           = bulkLoad
 )
 
 // EncodeSnapshotForTest writes the binary form of quotas to w.

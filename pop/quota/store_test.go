@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -377,5 +378,26 @@ func TestPostgresLoadOfScatteredRows(t *testing.T) {
 	}
 	if a := idx.Get("a"); len(a.Overrides) != 2 || a.EffectiveAt != quota.TimeOf(time.Unix(100, 0)) {
 		t.Errorf("a: %+v, want two overrides and effective_at 100", a)
+	}
+}
+
+// Loads that overlap (several PoPs in one process) leave the garbage
+// collector's target as they found it, whichever finishes last.
+func TestBulkLoadRestoresGCPercent(t *testing.T) {
+	before := debug.SetGCPercent(137)
+	defer debug.SetGCPercent(before)
+	a := quota.BulkLoadForTest()
+	b := quota.BulkLoadForTest()
+	if got := debug.SetGCPercent(400); got != 400 {
+		t.Fatalf("during two loads the target is %d, want 400", got)
+	}
+	a()
+	a() // a second call does nothing
+	if got := debug.SetGCPercent(400); got != 400 {
+		t.Fatalf("with one load left the target is %d, want 400", got)
+	}
+	b()
+	if got := debug.SetGCPercent(137); got != 137 {
+		t.Fatalf("after both loads the target is %d, want the 137 they found", got)
 	}
 }

@@ -246,13 +246,35 @@ func (s *Syncer) Wait() { s.saves.Wait() }
 const loadGCPercent = 400
 
 // bulkLoad raises the collector's target for a bulk load and returns the
-// function that restores it. A process that runs with a higher target, or
-// with the collector off (GOGC=off), keeps its own. Nested loads (Start
-// calls full) restore in order.
+// function that restores it. Loads may overlap (several PoPs in one process,
+// as edgelimit demo runs them; Start calls full): the first raises the
+// target, the last restores the one it found. A process that runs with a
+// higher target, or with the collector off (GOGC=off), keeps its own.
 func bulkLoad() (restore func()) {
-	prev := debug.SetGCPercent(loadGCPercent)
-	if prev < 0 || prev >= loadGCPercent {
-		debug.SetGCPercent(prev)
+	loads.mu.Lock()
+	defer loads.mu.Unlock()
+	if loads.n == 0 {
+		loads.prev = debug.SetGCPercent(loadGCPercent)
+		if loads.prev < 0 || loads.prev >= loadGCPercent {
+			debug.SetGCPercent(loads.prev)
+		}
 	}
-	return func() { debug.SetGCPercent(prev) }
+	loads.n++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			loads.mu.Lock()
+			defer loads.mu.Unlock()
+			if loads.n--; loads.n == 0 {
+				debug.SetGCPercent(loads.prev)
+			}
+		})
+	}
+}
+
+// loads counts the bulk loads in progress (bulkLoad).
+var loads struct {
+	mu   sync.Mutex
+	n    int
+	prev int // the target before the first of them
 }
