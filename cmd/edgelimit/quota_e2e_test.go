@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/edgelimit/edgelimit/pop/quota"
 	"github.com/edgelimit/edgelimit/pop/quota/pgtest"
 )
 
@@ -107,10 +108,10 @@ func TestPoPQuotasSurvivePostgresDown(t *testing.T) {
 	p := startPoP(t, bin, args...)
 	adminPut(t, admin, "acme", `{"tier":"pro","overrides":[{"descriptor":"tier:pro","requests_per_unit":7,"unit":"minute"}]}`)
 	waitLimit(t, listen, "acme", 7)
-	snap := filepath.Join(data, "quotas-snapshot.json")
+	snap := filepath.Join(data, "quotas-snapshot.bin")
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		if b, err := os.ReadFile(snap); err == nil && strings.Contains(string(b), `"requests_per_unit":7`) {
+		if qs, _, err := quota.ReadSnapshot(snap); err == nil && len(qs) == 1 && qs[0].Override("tier:pro") != nil && qs[0].Override("tier:pro").RequestsPerUnit == 7 {
 			break
 		}
 		if time.Now().After(deadline) {

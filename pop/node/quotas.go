@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -74,7 +75,16 @@ func startQuotas(ctx context.Context, cfg Config, eng *pop.Engine, reg prometheu
 		}
 		st = p
 		if cfg.DataDir != "" {
-			snapshot = filepath.Join(cfg.DataDir, "quotas-snapshot.json")
+			snapshot = filepath.Join(cfg.DataDir, "quotas-snapshot.bin")
+			// Releases before the binary snapshot saved it as JSON under
+			// another name. quota.ReadSnapshot reads either form, so the
+			// old file is moved, not converted; the next save is binary.
+			old := filepath.Join(cfg.DataDir, "quotas-snapshot.json")
+			if _, err := os.Stat(snapshot); errors.Is(err, os.ErrNotExist) {
+				if err := os.Rename(old, snapshot); err == nil {
+					log.Info("quotas: moved the JSON snapshot of an older release", "from", old, "to", snapshot)
+				}
+			}
 		}
 	default:
 		return nil, nil, fmt.Errorf("--quotas %q: want embedded or a postgres:// URL", quota.RedactURL(qc.Quotas))

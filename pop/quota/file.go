@@ -43,7 +43,7 @@ func OpenFile(dir string) (*File, error) {
 		return nil, fmt.Errorf("quota: %w", err)
 	}
 	f := &File{dir: dir, quotas: map[string]*Quota{}, watchers: map[int]func(){}, now: time.Now}
-	all, v, err := readSnapshot(f.statePath())
+	all, v, err := ReadSnapshot(f.statePath())
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 	case err != nil:
@@ -108,7 +108,7 @@ func (f *File) write(key, actor string, before, after *Quota) error {
 	for _, q := range f.quotas {
 		all = append(all, q)
 	}
-	if err := writeSnapshot(f.statePath(), f.version, all); err != nil {
+	if err := writeSnapshotJSON(f.statePath(), f.version, all); err != nil {
 		return err
 	}
 	for _, w := range f.watchers {

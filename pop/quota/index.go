@@ -1,24 +1,29 @@
 package quota
 
-import "sync/atomic"
+import (
+	"hash/maphash"
+	"sync/atomic"
+)
 
 // Index holds every API key's quota in memory for the check path: a
 // versioned, immutable snapshot swapped atomically. A snapshot is a large
-// base map plus a small delta of the keys changed since the base was built
-// (a nil quota marks a deleted key), so that a change copies the delta, not a
+// base table plus a small delta of the keys changed since the base was built
+// (the tombstone marks a deleted key), so that a change copies the delta, not a
 // million keys; once the delta grows past an eighth of the base it is folded
-// into a new base.
+// into a new base. Both are open-addressed tables (table.go) under one hash
+// seed, so a lookup hashes the key once however many tables it probes.
 //
 // The zero Index is empty and ready. Lookups are safe for concurrent use
-// with each other and with one writer (Replace, Apply); writers must not
-// race each other (the Syncer is the one writer).
+// with each other and with one writer (Replace, Apply, Compact); writers
+// must not race each other (the Syncer is the one writer).
 type Index struct {
 	cur atomic.Pointer[snapshot]
 }
 
 type snapshot struct {
-	base    map[string]*Quota
-	delta   map[string]*Quota
+	seed    maphash.Seed
+	base    table // no tombstones
+	delta   table // changes since base; a tombstone is a deleted key
 	version int64
 }
 
@@ -29,15 +34,12 @@ func (x *Index) QuotaAt(now int64, key string) *Quota {
 	if s == nil {
 		return nil
 	}
-	var q *Quota
-	ok := false
-	if len(s.delta) > 0 {
-		q, ok = s.delta[key]
-	}
+	h := hashKey(s.seed, key)
+	q, ok := s.delta.find(h, key)
 	if !ok {
-		q = s.base[key]
+		q, _ = s.base.find(h, key)
 	}
-	if q == nil || !q.InForceAt(now) {
+	if q == nil || q == tombstone || !q.InForceAt(now) {
 		return nil
 	}
 	return q
@@ -49,10 +51,15 @@ func (x *Index) Get(key string) *Quota {
 	if s == nil {
 		return nil
 	}
-	if q, ok := s.delta[key]; ok {
-		return q
+	h := hashKey(s.seed, key)
+	q, ok := s.delta.find(h, key)
+	if !ok {
+		q, _ = s.base.find(h, key)
 	}
-	return s.base[key]
+	if q == nil || q == tombstone {
+		return nil
+	}
+	return q
 }
 
 // Version is the version of the snapshot in force (0 when empty).
@@ -69,16 +76,16 @@ func (x *Index) Len() int {
 	if s == nil {
 		return 0
 	}
-	n := len(s.base)
-	for k, q := range s.delta {
-		_, inBase := s.base[k]
+	n := s.base.n
+	s.delta.each(func(h uint64, key string, q *Quota) {
+		_, inBase := s.base.find(h, key)
 		switch {
-		case q == nil && inBase:
+		case q == tombstone && inBase:
 			n--
-		case q != nil && !inBase:
+		case q != tombstone && !inBase:
 			n++
 		}
-	}
+	})
 	return n
 }
 
@@ -88,97 +95,98 @@ func (x *Index) All() []*Quota {
 	if s == nil {
 		return nil
 	}
-	out := make([]*Quota, 0, len(s.base)+len(s.delta))
-	for k, q := range s.base {
-		if _, changed := s.delta[k]; !changed {
+	out := make([]*Quota, 0, s.base.n+s.delta.n)
+	s.base.each(func(h uint64, key string, q *Quota) {
+		if _, changed := s.delta.find(h, key); !changed {
 			out = append(out, q)
 		}
-	}
-	for _, q := range s.delta {
-		if q != nil {
+	})
+	s.delta.each(func(_ uint64, _ string, q *Quota) {
+		if q != tombstone {
 			out = append(out, q)
 		}
-	}
+	})
 	return out
 }
 
-// Replace makes all, at version, the whole snapshot.
+// Replace makes all, at version, the whole snapshot. The table is sized
+// once, for len(all) keys; a key given twice keeps its last quota.
 func (x *Index) Replace(all []*Quota, version int64) {
-	base := make(map[string]*Quota, len(all))
+	s := &snapshot{seed: x.seed(), base: newTable(len(all)), version: version}
 	for _, q := range all {
-		base[q.APIKey] = q.Prepare()
+		s.base.put(hashKey(s.seed, q.APIKey), q.APIKey, q)
 	}
-	x.cur.Store(&snapshot{base: base, version: version})
+	x.cur.Store(s)
+}
+
+// replaceTable makes t, built under seed (x.seed()), the whole snapshot at
+// version.
+func (x *Index) replaceTable(seed maphash.Seed, t table, version int64) {
+	x.cur.Store(&snapshot{seed: seed, base: t, version: version})
+}
+
+// seed is the hash seed of x's tables: the one in force, or a new one for
+// x's first snapshot.
+func (x *Index) seed() maphash.Seed {
+	if s := x.cur.Load(); s != nil {
+		return s.seed
+	}
+	return maphash.MakeSeed()
 }
 
 // Apply makes changes, which bring the snapshot to version, visible.
 func (x *Index) Apply(changes []Change, version int64) {
 	old := x.cur.Load()
 	if old == nil {
-		old = &snapshot{}
+		old = &snapshot{seed: maphash.MakeSeed()}
 	}
-	next := &snapshot{base: old.base, version: max(version, old.version)}
-	if len(old.delta)+len(changes) > max(1024, len(old.base)/8) {
-		base := make(map[string]*Quota, len(old.base)+len(old.delta)+len(changes))
-		for k, q := range old.base {
-			base[k] = q
+	delta := newTable(old.delta.n + len(changes))
+	old.delta.each(delta.put)
+	for _, c := range changes {
+		q := c.Quota
+		if q == nil {
+			q = tombstone
 		}
-		fold(base, old.delta)
-		for _, c := range changes {
-			fold(base, map[string]*Quota{c.APIKey: prepared(c.Quota)})
-		}
-		next.base = base
-	} else {
-		delta := make(map[string]*Quota, len(old.delta)+len(changes))
-		for k, q := range old.delta {
-			delta[k] = q
-		}
-		for _, c := range changes {
-			delta[c.APIKey] = prepared(c.Quota)
-		}
-		next.delta = delta
+		delta.put(hashKey(old.seed, c.APIKey), c.APIKey, q)
+	}
+	next := &snapshot{seed: old.seed, base: old.base, delta: delta, version: max(version, old.version)}
+	if delta.n > max(1024, old.base.n/8) {
+		next.base, next.delta = folded(&old.base, &delta), table{}
 	}
 	x.cur.Store(next)
 }
 
-func prepared(q *Quota) *Quota {
-	if q == nil {
-		return nil
-	}
-	return q.Prepare()
-}
-
-// fold writes delta into base: a nil quota deletes.
-func fold(base, delta map[string]*Quota) {
-	for k, q := range delta {
-		if q == nil {
-			delete(base, k)
-		} else {
-			base[k] = q
+// folded returns a new base: base with delta's changes made.
+func folded(base, delta *table) table {
+	out := newTable(base.n + delta.n)
+	base.each(func(h uint64, key string, q *Quota) {
+		if _, changed := delta.find(h, key); !changed {
+			out.put(h, key, q)
 		}
-	}
+	})
+	delta.each(func(h uint64, key string, q *Quota) {
+		if q != tombstone {
+			out.put(h, key, q)
+		}
+	})
+	return out
 }
 
-// Compact folds the delta into a new base, so that a lookup is one map
-// probe again. It copies the base (O(keys)): the Syncer calls it once
-// changes have been quiet for a while, not on every change.
+// Compact folds the delta into a new base, so that a lookup probes one table
+// again. It copies the base (O(keys)): the Syncer calls it once changes have
+// been quiet for a while, not on every change.
 func (x *Index) Compact() {
 	old := x.cur.Load()
-	if old == nil || len(old.delta) == 0 {
+	if old == nil || old.delta.n == 0 {
 		return
 	}
-	base := make(map[string]*Quota, len(old.base)+len(old.delta))
-	for k, q := range old.base {
-		base[k] = q
-	}
-	fold(base, old.delta)
-	x.cur.Store(&snapshot{base: base, version: old.version})
+	x.cur.Store(&snapshot{seed: old.seed, base: folded(&old.base, &old.delta), version: old.version})
 }
 
 // Pending is the number of keys in the delta (changed since the base).
 func (x *Index) Pending() int {
 	if s := x.cur.Load(); s != nil {
-		return len(s.delta)
+		return s.delta.n
 	}
 	return 0
 }

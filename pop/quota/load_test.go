@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/metrics"
 	"strconv"
 	"syscall"
 	"testing"
@@ -62,6 +63,26 @@ func TestLoadMillion(t *testing.T) {
 		runtime.ReadMemStats(&m)
 		return m.HeapAlloc
 	}
+	// peak samples the heap's live and not yet collected objects every
+	// millisecond until stop is called, which returns the highest sample.
+	peak := func() (stop func() uint64) {
+		done, out := make(chan struct{}), make(chan uint64)
+		go func() {
+			s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+			var high uint64
+			for {
+				metrics.Read(s)
+				high = max(high, s[0].Value.Uint64())
+				select {
+				case <-done:
+					out <- high
+					return
+				case <-time.After(time.Millisecond):
+				}
+			}
+		}()
+		return func() uint64 { close(done); return <-out }
+	}
 	cpu := func() time.Duration {
 		var ru syscall.Rusage
 		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
@@ -69,29 +90,41 @@ func TestLoadMillion(t *testing.T) {
 	}
 	before := heap()
 	idx := &quota.Index{}
-	snap := filepath.Join(t.TempDir(), "snap.json")
+	snap := filepath.Join(t.TempDir(), "snap.bin")
 	s := &quota.Syncer{Store: p, Index: idx, SnapshotPath: snap}
+	stop := peak()
 	start, cpu0 := time.Now(), cpu()
 	if err := s.Start(ctx, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	took, tookCPU := time.Since(start), cpu()-cpu0
+	high := stop()
 	s.Wait()
 	after := heap()
 	if idx.Len() != n {
 		t.Fatalf("loaded %d quotas, want %d", idx.Len(), n)
 	}
-	t.Logf("load from PostgreSQL: %d quotas in %v (this process's CPU %v; the rest is PostgreSQL and a shared box); heap %.0f MB (%.0f B a key)", n, took.Round(time.Millisecond), tookCPU.Round(time.Millisecond),
-		float64(after-before)/(1<<20), float64(after-before)/float64(n))
+	t.Logf("load from PostgreSQL: %d quotas in %v (this process's CPU %v; the rest is PostgreSQL and a shared box); heap %.0f MB (%.0f B a key), at most %.0f MB during the load", n, took.Round(time.Millisecond), tookCPU.Round(time.Millisecond),
+		float64(after-before)/(1<<20), float64(after-before)/float64(n), float64(high-before)/(1<<20))
 
 	down, _ := quota.NewPostgres("postgres://postgres@127.0.0.1:1/none?connect_timeout=1")
 	defer down.Close()
 	idx2 := &quota.Index{}
+	before = heap()
+	stop = peak()
 	start, cpu0 = time.Now(), cpu()
 	if err := (&quota.Syncer{Store: down, Index: idx2, SnapshotPath: snap}).Start(ctx, time.Second); err != nil {
 		t.Fatal(err)
 	}
+	took, tookCPU = time.Since(start), cpu()-cpu0
+	high = stop()
+	after = heap()
+	if idx2.Len() != n {
+		t.Fatalf("loaded %d quotas from the snapshot, want %d", idx2.Len(), n)
+	}
 	fi, _ := os.Stat(snap)
-	t.Logf("load from the snapshot file (%.0f MB) with PostgreSQL down: %d quotas in %v (CPU %v)", float64(fi.Size())/(1<<20), idx2.Len(), time.Since(start).Round(time.Millisecond), (cpu() - cpu0).Round(time.Millisecond))
+	t.Logf("load from the snapshot file (%.0f MB) with PostgreSQL down: %d quotas in %v (CPU %v); heap %.0f MB (%.0f B a key), at most %.0f MB during the load", float64(fi.Size())/(1<<20), idx2.Len(),
+		took.Round(time.Millisecond), tookCPU.Round(time.Millisecond), float64(after-before)/(1<<20), float64(after-before)/float64(n), float64(high-before)/(1<<20))
 	runtime.KeepAlive(idx)
+	runtime.KeepAlive(idx2)
 }

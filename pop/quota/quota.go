@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -69,7 +70,8 @@ type Quota struct {
 	ExpiresAt   Time
 	UpdatedAt   Time
 
-	memo atomic.Pointer[map[*rules.Limit]*rules.Limit]
+	memo atomic.Pointer[memoNode]
+	last atomic.Pointer[limitPair] // the pair remembered last
 }
 
 // Prepare returns q (kept for callers that build quotas by hand: there is
@@ -99,37 +101,120 @@ func (q *Quota) Override(name string) *Override {
 
 // maxMemo bounds the limits one quota remembers; past it, the memo starts
 // over (rule reloads leave old limits behind).
-const maxMemo = 256
+const maxMemo = 16
+
+// limitPair says that limit from applies as to (to == from when no override
+// names it). Pairs are shared among quotas (sharedLimits): every key with the
+// same override of a limit holds the same pair, which stays in the CPU's
+// caches however many keys there are.
+type limitPair struct{ from, to *rules.Limit }
+
+// memoNode is one remembered pair of a quota's memo (besides the last one):
+// an immutable list, newest first. A key meets a handful of limits.
+type memoNode struct {
+	pair *limitPair
+	next *memoNode
+	n    int // nodes from this one to the end
+}
 
 // Limit returns the limit that applies to this key in place of l: l itself
-// when no override names it, else a copy with the override's quota and unit
-// (Overridden). The copy is remembered per limit, so that after the first
-// check of a key with overrides, Limit does not allocate. A nil q returns l.
+// when no override names it, else the limit with the override's quota and
+// unit (Overridden), shared by every key with the same override of l. It is
+// remembered per limit, so that after the first check of a key with
+// overrides, Limit does not allocate, and for the limit it remembered last
+// (a key with one tier limit: every check) it reads the quota and one shared
+// pair: on the check path of many keys, no cache miss beyond the quota's own.
 func (q *Quota) Limit(l *rules.Limit) *rules.Limit {
 	if q == nil || len(q.Overrides) == 0 {
 		return l
 	}
+	if p := q.last.Load(); p != nil && p.from == l {
+		return p.to
+	}
 	m := q.memo.Load()
-	if m != nil {
-		if r, ok := (*m)[l]; ok {
-			return r
+	for n := m; n != nil; n = n.next {
+		if n.pair.from == l { // last stays: the check path writes nothing shared
+			return n.pair.to
 		}
 	}
-	r := l
+	var p *limitPair
 	if o := q.Override(l.Name); o != nil {
+		p = sharedLimits.overridden(l, o)
+	} else {
+		p = sharedLimits.same(l)
+	}
+	// The first pair is remembered in last alone: a key that meets one
+	// limit (the common case) holds no memo node, one object fewer per key
+	// for the garbage collector to visit. Once last is taken, it moves to
+	// the list as a new pair takes its place.
+	if prev := q.last.Load(); prev != nil {
+		if m != nil && m.n >= maxMemo {
+			m = nil
+		}
+		next := &memoNode{pair: prev, next: m, n: 1}
+		if m != nil {
+			next.n += m.n
+		}
+		q.memo.Store(next) // a racing store loses an entry, recomputed next time
+	}
+	q.last.Store(p)
+	return p.to
+}
+
+// limitPairs shares pairs among quotas: keys with the same override of a
+// limit (the same quota and unit, as customers on one contract have) get one
+// pair and one overridden *rules.Limit, so that checks of many keys read one
+// hot limit, not one each, and a million quotas do not hold a million
+// copies. It is safe for concurrent use; only a key's first check of a limit
+// asks it.
+type limitPairs struct {
+	mu sync.Mutex
+	m  map[pairKey]*limitPair
+}
+
+// pairKey names a pair: limit l with an override of rpu per unit, or l
+// unchanged when same.
+type pairKey struct {
+	l    *rules.Limit
+	rpu  int64
+	unit rules.Unit
+	same bool
+}
+
+// maxShared bounds the pairs shared; past it the map starts over (rule
+// reloads leave old limits behind; a pair already handed out stays valid).
+const maxShared = 1 << 16
+
+var sharedLimits limitPairs
+
+// overridden returns the pair of l with o's quota, or of l unchanged when l
+// cannot take it (Overridden fails).
+func (s *limitPairs) overridden(l *rules.Limit, o *Override) *limitPair {
+	return s.get(pairKey{l: l, rpu: o.RequestsPerUnit, unit: o.Unit}, func() *rules.Limit {
 		if c, err := Overridden(l, o); err == nil {
-			r = c
+			return c
 		}
+		return l
+	})
+}
+
+// same returns the pair of l unchanged.
+func (s *limitPairs) same(l *rules.Limit) *limitPair {
+	return s.get(pairKey{l: l, same: true}, func() *rules.Limit { return l })
+}
+
+func (s *limitPairs) get(k pairKey, to func() *rules.Limit) *limitPair {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p, ok := s.m[k]; ok {
+		return p
 	}
-	next := make(map[*rules.Limit]*rules.Limit, 4)
-	if m != nil && len(*m) < maxMemo {
-		for k, v := range *m {
-			next[k] = v
-		}
+	if s.m == nil || len(s.m) >= maxShared {
+		s.m = make(map[pairKey]*limitPair)
 	}
-	next[l] = r
-	q.memo.Store(&next) // a racing store loses an entry, recomputed next time
-	return r
+	p := &limitPair{from: k.l, to: to()}
+	s.m[k] = p
+	return p
 }
 
 // Overridden returns a copy of l with o's quota: RequestsPerUnit per Unit,
@@ -184,20 +269,20 @@ func (q *Quota) Validate() error {
 		return &FieldError{"overrides", fmt.Sprintf("%d overrides, the limit is %d", len(q.Overrides), MaxOverrides)}
 	}
 	for i, o := range q.Overrides {
-		f := fmt.Sprintf("overrides[%d]", i)
+		f := overrideField(i)
 		switch {
 		case o.Descriptor == "":
-			return &FieldError{f + ".descriptor", "is required: the name of the limit to override"}
+			return &FieldError{f.String() + ".descriptor", "is required: the name of the limit to override"}
 		case len(o.Descriptor) > MaxDescriptorBytes:
-			return &FieldError{f + ".descriptor", fmt.Sprintf("is %d bytes, the limit is %d", len(o.Descriptor), MaxDescriptorBytes)}
+			return &FieldError{f.String() + ".descriptor", fmt.Sprintf("is %d bytes, the limit is %d", len(o.Descriptor), MaxDescriptorBytes)}
 		case o.RequestsPerUnit < 0 || o.RequestsPerUnit > MaxRequestsPerUnit:
-			return &FieldError{f + ".requests_per_unit", fmt.Sprintf("must be between 0 and %d, got %d", MaxRequestsPerUnit, o.RequestsPerUnit)}
+			return &FieldError{f.String() + ".requests_per_unit", fmt.Sprintf("must be between 0 and %d, got %d", MaxRequestsPerUnit, o.RequestsPerUnit)}
 		case o.Unit.Duration() <= 0:
-			return &FieldError{f + ".unit", "must be second, minute, hour or day"}
+			return &FieldError{f.String() + ".unit", "must be second, minute, hour or day"}
 		}
 		for j := range i { // at most MaxOverrides: no map needed
 			if q.Overrides[j].Descriptor == o.Descriptor {
-				return &FieldError{f + ".descriptor", fmt.Sprintf("%q is already overridden by overrides[%d]", o.Descriptor, j)}
+				return &FieldError{f.String() + ".descriptor", fmt.Sprintf("%q is already overridden by overrides[%d]", o.Descriptor, j)}
 			}
 		}
 	}
@@ -206,6 +291,13 @@ func (q *Quota) Validate() error {
 	}
 	return nil
 }
+
+// overrideField names overrides[i] in a FieldError; a function, so that
+// validating a good quota (a million of them when a snapshot loads) does not
+// format the name.
+type overrideField int
+
+func (i overrideField) String() string { return fmt.Sprintf("overrides[%d]", int(i)) }
 
 // Change is one API key's new state: its quota, or nil when it was deleted.
 type Change struct {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -193,7 +195,7 @@ func TestSyncerFollowsNotifications(t *testing.T) {
 	defer reader.Close()
 	idx := &quota.Index{}
 	synced := make(chan int64, 100)
-	s := &quota.Syncer{Store: reader, Index: idx, Poll: time.Hour, SnapshotPath: filepath.Join(t.TempDir(), "snap.json"),
+	s := &quota.Syncer{Store: reader, Index: idx, Poll: time.Hour, SnapshotPath: filepath.Join(t.TempDir(), "snap.bin"),
 		Synced: func(v int64) { synced <- v }}
 	if err := s.Start(ctx, 5*time.Second); err != nil {
 		t.Fatal(err)
@@ -244,7 +246,7 @@ func TestSyncerStartsFromSnapshotWhenStoreIsDown(t *testing.T) {
 	if _, err := p.Put(ctx, mkQuota("gold", "pro"), "t"); err != nil {
 		t.Fatal(err)
 	}
-	snap := filepath.Join(t.TempDir(), "snap.json")
+	snap := filepath.Join(t.TempDir(), "snap.bin")
 	idx := &quota.Index{}
 	saved := make(chan int64, 10)
 	s := &quota.Syncer{Store: p, Index: idx, SnapshotPath: snap, Synced: func(v int64) { saved <- v }}
@@ -323,5 +325,79 @@ func TestDamagedSnapshot(t *testing.T) {
 		if name == "bad line" && !strings.Contains(err.Error(), ":3") {
 			t.Errorf("%s: %v, want it to name line 3", name, err)
 		}
+	}
+}
+
+// A Syncer's load from PostgreSQL reads rows in the table's order, where a
+// key's rows need not be adjacent: each key still gets its tier, times and
+// every override, exactly as a Get (which reads in key order) sees it.
+func TestPostgresLoadOfScatteredRows(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	p, err := quota.OpenPostgres(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// Inserted in this order, so a seq scan returns them so: a's and c's
+	// overrides come before, between and after other keys' rows.
+	for _, row := range [][]any{
+		{"c", "tier:pro", "pro", 5, "minute", nil},
+		{"a", "", "pro", nil, nil, time.Unix(100, 0)},
+		{"b", "", "free", nil, nil, nil},
+		{"a", "tier:pro", "pro", 9, "hour", time.Unix(100, 0)},
+		{"c", "", "pro", nil, nil, nil},
+		{"b2", "", "", nil, nil, nil},
+		{"a", "api_key.endpoint=GET /", "pro", 3, "second", time.Unix(100, 0)},
+	} {
+		if _, err := conn.Exec(ctx, `INSERT INTO quota_overrides (api_key, descriptor, tier, requests_per_unit, unit, effective_at) VALUES ($1, $2, $3, $4, $5, $6)`, row...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	idx := &quota.Index{}
+	if err := (&quota.Syncer{Store: p, Index: idx}).Start(ctx, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if idx.Len() != 4 {
+		t.Fatalf("%d quotas loaded, want 4", idx.Len())
+	}
+	for _, k := range []string{"a", "b", "b2", "c"} {
+		want, err := p.Get(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := idx.Get(k)
+		if got == nil || !reflect.DeepEqual(data([]*quota.Quota{got}), data([]*quota.Quota{want})) {
+			t.Errorf("%s: loaded %+v, Get says %+v", k, got, want)
+		}
+	}
+	if a := idx.Get("a"); len(a.Overrides) != 2 || a.EffectiveAt != quota.TimeOf(time.Unix(100, 0)) {
+		t.Errorf("a: %+v, want two overrides and effective_at 100", a)
+	}
+}
+
+// Loads that overlap (several PoPs in one process) leave the garbage
+// collector's target as they found it, whichever finishes last.
+func TestBulkLoadRestoresGCPercent(t *testing.T) {
+	before := debug.SetGCPercent(137)
+	defer debug.SetGCPercent(before)
+	a := quota.BulkLoadForTest()
+	b := quota.BulkLoadForTest()
+	if got := debug.SetGCPercent(400); got != 400 {
+		t.Fatalf("during two loads the target is %d, want 400", got)
+	}
+	a()
+	a() // a second call does nothing
+	if got := debug.SetGCPercent(400); got != 400 {
+		t.Fatalf("with one load left the target is %d, want 400", got)
+	}
+	b()
+	if got := debug.SetGCPercent(137); got != 137 {
+		t.Fatalf("after both loads the target is %d, want the 137 they found", got)
 	}
 }
