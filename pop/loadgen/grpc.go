@@ -13,14 +13,18 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-// runGRPC is Run against a gRPC rate limit service: each worker has its own
-// connection and one ShouldRateLimit call in flight, with the value
-// distribution of the HTTP runs. Status counts the answers as HTTP would:
-// 200 for OK, 429 for OVER_LIMIT.
+// runGRPC is Run against a gRPC rate limit service: each worker has one
+// ShouldRateLimit call in flight, with the value distribution of the HTTP
+// runs, on connection i mod GRPCConns (its own when GRPCConns is 0). Status
+// counts the answers as HTTP would: 200 for OK, 429 for OVER_LIMIT.
 func runGRPC(ctx context.Context, t *target) (Report, error) {
 	cfg := &t.cfg
 	workers := make([]*worker, cfg.Concurrency)
-	conns := make([]*grpc.ClientConn, cfg.Concurrency)
+	nconns := cfg.GRPCConns
+	if nconns == 0 {
+		nconns = cfg.Concurrency
+	}
+	conns := make([]*grpc.ClientConn, nconns)
 	defer func() {
 		for _, c := range conns {
 			if c != nil {
@@ -33,7 +37,10 @@ func runGRPC(ctx context.Context, t *target) (Report, error) {
 		if err != nil {
 			return Report{}, fmt.Errorf("loadgen: %s: %w", t.addr, err)
 		}
-		conns[i], workers[i] = c, &worker{}
+		conns[i] = c
+	}
+	for i := range workers {
+		workers[i] = &worker{}
 	}
 	probe, cancelProbe := context.WithTimeout(ctx, dialTimeout)
 	_, err := rlsv3.NewRateLimitServiceClient(conns[0]).ShouldRateLimit(probe, request(cfg, "probe"), grpc.WaitForReady(true))
@@ -54,7 +61,7 @@ func runGRPC(ctx context.Context, t *target) (Report, error) {
 	start := time.Now()
 	var wg sync.WaitGroup
 	for i, w := range workers {
-		client := rlsv3.NewRateLimitServiceClient(conns[i])
+		client := rlsv3.NewRateLimitServiceClient(conns[i%nconns])
 		next := values(cfg, i)
 		wg.Go(func() {
 			var val []byte

@@ -1,0 +1,103 @@
+package loadgen
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+)
+
+// rlsServer is a deterministic stand-in for a PoP's gRPC service:
+// OVER_LIMIT for values k0..k9, OK otherwise. It records the values it saw
+// (the run's probe apart) and the answers it gave.
+type rlsServer struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	mu     sync.Mutex
+	values map[string]int
+	status map[int]int64
+	bad    int
+}
+
+func (s *rlsServer) ShouldRateLimit(_ context.Context, in *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ds := in.GetDescriptors()
+	if in.GetDomain() != "edge" || in.GetHitsAddend() != 1 || len(ds) != 1 || len(ds[0].GetEntries()) != 1 || ds[0].GetEntries()[0].GetKey() != "api_key" {
+		s.bad++
+		return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
+	}
+	v := ds[0].GetEntries()[0].GetValue()
+	if v == "probe" {
+		return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
+	}
+	s.values[v]++
+	if len(v) == 2 && v[0] == 'k' {
+		s.status[429]++
+		return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT}, nil
+	}
+	s.status[200]++
+	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
+}
+
+// countingListener counts the connections it accepts.
+type countingListener struct {
+	net.Listener
+	n atomic.Int64
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
+}
+
+func startRLS(t *testing.T) (*rlsServer, *countingListener) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := &countingListener{Listener: ln}
+	s := &rlsServer{values: map[string]int{}, status: map[int]int64{}}
+	srv := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(srv, s)
+	go func() { _ = srv.Serve(cl) }()
+	t.Cleanup(srv.Stop)
+	return s, cl
+}
+
+// TestRunGRPC: every call is counted once with the answer the server gave,
+// the values follow the distribution, and the workers' calls share
+// GRPCConns connections (one each when it is 0).
+func TestRunGRPC(t *testing.T) {
+	for _, tc := range []struct{ conns, wantConns int }{{0, 8}, {1, 1}, {3, 3}} {
+		t.Run(fmt.Sprintf("conns=%d", tc.conns), func(t *testing.T) {
+			s, ln := startRLS(t)
+			rep := runBounded(t, Config{GRPC: ln.Addr().String(), GRPCConns: tc.conns, Concurrency: 8, Requests: 1500, Dist: Uniform, Keys: 50, Seed: 3})
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if rep.Requests != 1500 || rep.Decisions != 1500 || rep.Errors != 0 {
+				t.Errorf("Requests %d, Decisions %d, Errors %d (%s); want 1500, 1500, 0", rep.Requests, rep.Decisions, rep.Errors, rep.LastError)
+			}
+			if fmt.Sprint(rep.Status) != fmt.Sprint(s.status) || s.bad != 0 {
+				t.Errorf("status mix %v, server answered %v (%d malformed requests)", rep.Status, s.status, s.bad)
+			}
+			if s.status[429] < 150 || s.status[429] > 450 { // 10 of 50 values → ~300
+				t.Errorf("OVER_LIMIT answers %d, want ~300", s.status[429])
+			}
+			if len(s.values) < 48 || len(s.values) > 50 {
+				t.Errorf("%d distinct values, want close to 50", len(s.values))
+			}
+			if n := ln.n.Load(); n != int64(tc.wantConns) {
+				t.Errorf("server accepted %d connections, want %d", n, tc.wantConns)
+			}
+		})
+	}
+}
