@@ -46,6 +46,7 @@ func runLoad(args []string, stdout io.Writer) error {
 		cfg     loadgen.Config
 		dist    = "hot"
 		asJSON  bool
+		reqOut  string
 		conc    = 64
 		dur     = 10 * time.Second
 		reqs    int64
@@ -71,6 +72,7 @@ func runLoad(args []string, stdout io.Writer) error {
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed for the value choice (runs are reproducible)")
 	fs.Float64Var(&cfg.Rate, "rate", 0, "requests per second in total, paced evenly over the connections; 0 = each connection sends its next request as soon as the last is answered")
 	fs.BoolVar(&cfg.Timeline, "timeline", false, "count allowed and denied checks per Unix second (the JSON report's \"timeline\"; HTTP single checks only)")
+	fs.StringVar(&reqOut, "write-grpc-request", "", "write one hot-key ShouldRateLimit request of --domain and --key, as a gRPC message (5-byte prefix and\nthe RateLimitRequest), to `file` and exit: the body for a generic HTTP/2 generator (h2load -d; see README)")
 	fs.BoolVar(&asJSON, "json", false, "print the report as JSON instead of a table")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -91,6 +93,13 @@ func runLoad(args []string, stdout io.Writer) error {
 	}
 	cfg.URL, cfg.Concurrency, cfg.Duration, cfg.Requests = urlFlag, conc, dur, reqs
 	cfg.Dist, cfg.Keys, cfg.ZipfS = d, keys, zipfS
+	if reqOut != "" {
+		b, err := loadgen.GRPCRequest(cfg, "hot")
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(reqOut, b, 0o644)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -2,6 +2,7 @@ package loadgen
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 )
 
 // runGRPC is Run against a gRPC rate limit service: each worker has one
@@ -105,4 +107,24 @@ func runGRPC(ctx context.Context, t *target) (Report, error) {
 func request(cfg *Config, value string) *rlsv3.RateLimitRequest {
 	return &rlsv3.RateLimitRequest{Domain: cfg.Domain, HitsAddend: 1, Descriptors: []*ratelimitv3.RateLimitDescriptor{
 		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: cfg.Key, Value: value}}}}}
+}
+
+// GRPCRequest returns one single-check ShouldRateLimit request of value in
+// cfg's domain and key (defaults applied) as a gRPC message on the wire:
+// the 5-byte prefix (uncompressed, big-endian length) and the serialized
+// RateLimitRequest. It is the body for a generic HTTP/2 generator such as
+// h2load, posted to /envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
+// with content-type: application/grpc and te: trailers.
+func GRPCRequest(cfg Config, value string) ([]byte, error) {
+	cfg.GRPC = "127.0.0.1:1" // any address: only the defaults matter here
+	t, err := cfg.validate()
+	if err != nil {
+		return nil, err
+	}
+	msg, err := proto.Marshal(request(&t.cfg, value))
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: %w", err)
+	}
+	frame := binary.BigEndian.AppendUint32([]byte{0}, uint32(len(msg)))
+	return append(frame, msg...), nil
 }

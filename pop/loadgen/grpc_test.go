@@ -1,15 +1,20 @@
 package loadgen
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 )
 
 // rlsServer is a deterministic stand-in for a PoP's gRPC service:
@@ -99,5 +104,53 @@ func TestRunGRPC(t *testing.T) {
 				t.Errorf("server accepted %d connections, want %d", n, tc.wantConns)
 			}
 		})
+	}
+}
+
+// TestGRPCRequest: the frame GRPCRequest writes, posted over plain HTTP/2
+// as h2load posts it, is a call the gRPC server answers with grpc-status 0
+// and a RateLimitResponse, and it names the value and the default domain
+// and key.
+func TestGRPCRequest(t *testing.T) {
+	s, ln := startRLS(t)
+	body, err := GRPCRequest(Config{}, "k7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	c := &http.Client{Transport: &http.Transport{Protocols: &p}}
+	req, err := http.NewRequest("POST", "http://"+ln.Addr().String()+"/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/grpc")
+	req.Header.Set("Te", "trailers")
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.ProtoMajor != 2 || resp.StatusCode != 200 || resp.Trailer.Get("Grpc-Status") != "0" {
+		t.Fatalf("HTTP/%d %d, trailers %v", resp.ProtoMajor, resp.StatusCode, resp.Trailer)
+	}
+	var answer rlsv3.RateLimitResponse
+	if len(out) < 5 || int(binary.BigEndian.Uint32(out[1:5])) != len(out)-5 {
+		t.Fatalf("response %x is not one gRPC message", out)
+	}
+	if err := proto.Unmarshal(out[5:], &answer); err != nil || answer.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("answer %v (%v), want OVER_LIMIT for k7", &answer, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.bad != 0 || s.values["k7"] != 1 {
+		t.Fatalf("server saw %v and %d malformed requests, want k7 once", s.values, s.bad)
+	}
+	if _, err := GRPCRequest(Config{Batch: 3}, "x"); err == nil {
+		t.Error("GRPCRequest with Batch 3: no error")
 	}
 }
