@@ -8,12 +8,16 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -32,6 +36,9 @@ func (s *rlsServer) ShouldRateLimit(_ context.Context, in *rlsv3.RateLimitReques
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ds := in.GetDescriptors()
+	if in.GetDomain() == "refused" {
+		return nil, status.Error(codes.PermissionDenied, "refused domain")
+	}
 	if in.GetDomain() != "edge" || in.GetHitsAddend() != 1 || len(ds) != 1 || len(ds[0].GetEntries()) != 1 || ds[0].GetEntries()[0].GetKey() != "api_key" {
 		s.bad++
 		return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
@@ -78,32 +85,67 @@ func startRLS(t *testing.T) (*rlsServer, *countingListener) {
 	return s, cl
 }
 
-// TestRunGRPC: every call is counted once with the answer the server gave,
-// the values follow the distribution, and the workers' calls share
-// GRPCConns connections (one each when it is 0).
+// TestRunGRPC: with either client, every call is counted once with the
+// answer the server gave, the values follow the distribution, and the
+// workers' calls share GRPCConns connections (one each when it is 0).
 func TestRunGRPC(t *testing.T) {
-	for _, tc := range []struct{ conns, wantConns int }{{0, 8}, {1, 1}, {3, 3}} {
-		t.Run(fmt.Sprintf("conns=%d", tc.conns), func(t *testing.T) {
+	for _, raw := range []bool{false, true} {
+		for _, tc := range []struct{ conns, wantConns int }{{0, 8}, {1, 1}, {3, 3}} {
+			t.Run(fmt.Sprintf("raw=%v/conns=%d", raw, tc.conns), func(t *testing.T) {
+				s, ln := startRLS(t)
+				rep := runBounded(t, Config{GRPC: ln.Addr().String(), RawGRPC: raw, GRPCConns: tc.conns, Concurrency: 8, Requests: 1500, Dist: Uniform, Keys: 50, Seed: 3})
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				if rep.Requests != 1500 || rep.Decisions != 1500 || rep.Errors != 0 {
+					t.Errorf("Requests %d, Decisions %d, Errors %d (%s); want 1500, 1500, 0", rep.Requests, rep.Decisions, rep.Errors, rep.LastError)
+				}
+				if fmt.Sprint(rep.Status) != fmt.Sprint(s.status) || s.bad != 0 {
+					t.Errorf("status mix %v, server answered %v (%d malformed requests)", rep.Status, s.status, s.bad)
+				}
+				if s.status[429] < 150 || s.status[429] > 450 { // 10 of 50 values → ~300
+					t.Errorf("OVER_LIMIT answers %d, want ~300", s.status[429])
+				}
+				if len(s.values) < 48 || len(s.values) > 50 {
+					t.Errorf("%d distinct values, want close to 50", len(s.values))
+				}
+				if n := ln.n.Load(); n != int64(tc.wantConns) {
+					t.Errorf("server accepted %d connections, want %d", n, tc.wantConns)
+				}
+			})
+		}
+	}
+}
+
+// TestRunGRPCTimed: a run that ends by its duration counts only answered
+// calls, and no call cut off by the end as an error; the server answered at
+// most one more call per worker than were counted.
+func TestRunGRPCTimed(t *testing.T) {
+	for _, raw := range []bool{false, true} {
+		t.Run(fmt.Sprintf("raw=%v", raw), func(t *testing.T) {
 			s, ln := startRLS(t)
-			rep := runBounded(t, Config{GRPC: ln.Addr().String(), GRPCConns: tc.conns, Concurrency: 8, Requests: 1500, Dist: Uniform, Keys: 50, Seed: 3})
+			rep, err := Run(context.Background(), Config{GRPC: ln.Addr().String(), RawGRPC: raw, GRPCConns: 2, Concurrency: 8, Duration: 300 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			if rep.Requests != 1500 || rep.Decisions != 1500 || rep.Errors != 0 {
-				t.Errorf("Requests %d, Decisions %d, Errors %d (%s); want 1500, 1500, 0", rep.Requests, rep.Decisions, rep.Errors, rep.LastError)
-			}
-			if fmt.Sprint(rep.Status) != fmt.Sprint(s.status) || s.bad != 0 {
-				t.Errorf("status mix %v, server answered %v (%d malformed requests)", rep.Status, s.status, s.bad)
-			}
-			if s.status[429] < 150 || s.status[429] > 450 { // 10 of 50 values → ~300
-				t.Errorf("OVER_LIMIT answers %d, want ~300", s.status[429])
-			}
-			if len(s.values) < 48 || len(s.values) > 50 {
-				t.Errorf("%d distinct values, want close to 50", len(s.values))
-			}
-			if n := ln.n.Load(); n != int64(tc.wantConns) {
-				t.Errorf("server accepted %d connections, want %d", n, tc.wantConns)
+			served := s.status[200] + s.status[429]
+			if rep.Errors != 0 || rep.Requests == 0 || served < rep.Requests || served > rep.Requests+8 {
+				t.Errorf("counted %d calls with %d errors (%s); the server answered %d", rep.Requests, rep.Errors, rep.LastError, served)
 			}
 		})
+	}
+}
+
+// TestRunGRPCRefused: a call the server answers with an error status fails
+// the run's first call, with either client.
+func TestRunGRPCRefused(t *testing.T) {
+	for _, raw := range []bool{false, true} {
+		_, ln := startRLS(t)
+		_, err := Run(context.Background(), Config{GRPC: ln.Addr().String(), RawGRPC: raw, Domain: "refused", Concurrency: 2, Requests: 10})
+		if err == nil || !strings.Contains(err.Error(), "refused domain") {
+			t.Errorf("raw=%v: Run error %v, want the server's refusal", raw, err)
+		}
 	}
 }
 

@@ -314,6 +314,7 @@ func TestConfigErrors(t *testing.T) {
 		{Config{GRPC: "127.0.0.1:1", Concurrency: 4, GRPCConns: 5}, "GRPCConns must be in [0, Concurrency 4] and needs GRPC, got 5"},
 		{Config{GRPC: "127.0.0.1:1", GRPCConns: -1}, "got -1"},
 		{Config{URL: u, GRPCConns: 2}, `needs GRPC, got 2 and GRPC ""`},
+		{Config{URL: u, RawGRPC: true}, `RawGRPC needs GRPC`},
 		{Config{URL: closed}, "cannot connect to " + strings.TrimPrefix(closed, "http://")},
 	}
 	for _, tc := range tests {
