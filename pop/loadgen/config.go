@@ -79,7 +79,8 @@ type Config struct {
 	// RawGRPC, with GRPC, sends the calls as pre-rendered gRPC messages in
 	// HTTP/2 frames on raw connections, reading each answer only as far as
 	// grpc-status and overall_code, instead of through grpc-go's client,
-	// which costs about as much CPU as the server it measures.
+	// which costs about as much CPU as the server it measures. A connection
+	// that fails is not redialed: its workers stop, each counting one error.
 	RawGRPC bool
 	// Rate, when > 0, paces the run at Rate requests per second in total,
 	// spread evenly over the connections, instead of sending each next

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -72,6 +74,12 @@ func (l *countingListener) Accept() (net.Conn, error) {
 
 func startRLS(t *testing.T) (*rlsServer, *countingListener) {
 	t.Helper()
+	s, cl, _ := startRLSServer(t)
+	return s, cl
+}
+
+func startRLSServer(t *testing.T) (*rlsServer, *countingListener, *grpc.Server) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -82,7 +90,7 @@ func startRLS(t *testing.T) (*rlsServer, *countingListener) {
 	rlsv3.RegisterRateLimitServiceServer(srv, s)
 	go func() { _ = srv.Serve(cl) }()
 	t.Cleanup(srv.Stop)
-	return s, cl
+	return s, cl, srv
 }
 
 // TestRunGRPC: with either client, every call is counted once with the
@@ -134,6 +142,28 @@ func TestRunGRPCTimed(t *testing.T) {
 				t.Errorf("counted %d calls with %d errors (%s); the server answered %d", rep.Requests, rep.Errors, rep.LastError, served)
 			}
 		})
+	}
+}
+
+// TestRunGRPCRawServerGone: when the server goes away mid-run, the raw
+// client's calls fail and its workers stop (it does not redial): the run
+// ends early with the calls answered before and the failures counted.
+func TestRunGRPCRawServerGone(t *testing.T) {
+	s, ln, srv := startRLSServer(t)
+	time.AfterFunc(200*time.Millisecond, srv.Stop)
+	start := time.Now()
+	rep, err := Run(context.Background(), Config{GRPC: ln.Addr().String(), RawGRPC: true, GRPCConns: 2, Concurrency: 8, Duration: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("run took %v after the server stopped at 200ms", d)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	served := s.status[200] + s.status[429]
+	if rep.Requests == 0 || rep.Requests > served || rep.Errors == 0 || rep.Errors > 8 || rep.LastError == "" {
+		t.Errorf("counted %d calls (server answered %d), %d errors (%q); want some calls and 1..8 errors", rep.Requests, served, rep.Errors, rep.LastError)
 	}
 }
 
@@ -194,5 +224,71 @@ func TestGRPCRequest(t *testing.T) {
 	}
 	if _, err := GRPCRequest(Config{Batch: 3}, "x"); err == nil {
 		t.Error("GRPCRequest with Batch 3: no error")
+	}
+}
+
+// TestRunGRPCRawFlowControl: against a server that answers every call but
+// never returns send window (no WINDOW_UPDATE), the raw client stops
+// sending once the connection's 65,535-byte window is spent, and the run
+// still ends on time.
+func TestRunGRPCRawFlowControl(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var received atomic.Int64 // request body bytes
+	go func() {
+		nc, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		preface := make([]byte, len(http2.ClientPreface))
+		if _, err := io.ReadFull(nc, preface); err != nil {
+			return
+		}
+		fr := http2.NewFramer(nc, nc)
+		fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+		if fr.WriteSettings() != nil {
+			return
+		}
+		var hbuf bytes.Buffer
+		enc := hpack.NewEncoder(&hbuf)
+		answer, _ := proto.Marshal(&rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK})
+		msg := append(binary.BigEndian.AppendUint32([]byte{0}, uint32(len(answer))), answer...)
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			d, ok := f.(*http2.DataFrame)
+			if !ok || !d.StreamEnded() {
+				continue
+			}
+			received.Add(int64(len(d.Data())))
+			hbuf.Reset()
+			enc.WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
+			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: d.StreamID, BlockFragment: hbuf.Bytes(), EndHeaders: true})
+			fr.WriteData(d.StreamID, false, msg)
+			hbuf.Reset()
+			enc.WriteField(hpack.HeaderField{Name: "grpc-status", Value: "0"})
+			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: d.StreamID, BlockFragment: hbuf.Bytes(), EndHeaders: true, EndStream: true})
+		}
+	}()
+	start := time.Now()
+	rep, err := Run(context.Background(), Config{GRPC: ln.Addr().String(), RawGRPC: true, GRPCConns: 1, Concurrency: 4, Duration: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("run took %v, want about its 1s", d)
+	}
+	body, _ := GRPCRequest(Config{}, "hot")
+	if n := received.Load(); n > 65535 || n < 65535-int64(len(body)) {
+		t.Errorf("server received %d body bytes, want the window of 65535 spent and not exceeded", n)
+	}
+	if rep.Errors != 0 || rep.Requests < 65535/int64(len(body))-5 {
+		t.Errorf("counted %d calls and %d errors (%s)", rep.Requests, rep.Errors, rep.LastError)
 	}
 }

@@ -57,7 +57,10 @@ func runH2(ctx context.Context, t *target) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	if _, err := conns[0].call(ctx, probe); err != nil {
+	probeCtx, cancelProbe := context.WithTimeout(ctx, dialTimeout)
+	_, err = conns[0].call(probeCtx, probe)
+	cancelProbe()
+	if err != nil {
 		return Report{}, fmt.Errorf("loadgen: cannot call %s: %w", t.addr, err)
 	}
 
@@ -74,6 +77,14 @@ func runH2(ctx context.Context, t *target) (Report, error) {
 	var over atomic.Bool
 	stop := time.AfterFunc(cfg.Duration, func() { over.Store(true); cancel() })
 	defer stop.Stop()
+	// Wake the calls waiting for a send window when the run ends.
+	defer context.AfterFunc(runCtx, func() {
+		for _, c := range conns {
+			c.wmu.Lock()
+			c.window.Broadcast()
+			c.wmu.Unlock()
+		}
+	})()
 	var sent atomic.Int64
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -145,7 +156,7 @@ type h2conn struct {
 	hbuf    bytes.Buffer
 	nextID  uint32
 	sendWin int64      // connection send window (flow control), under wmu
-	window  *sync.Cond // signalled when sendWin grows or the connection fails
+	window  *sync.Cond // signalled when sendWin grows, the connection fails or the run ends
 	host    string
 
 	pmu     sync.Mutex
@@ -225,6 +236,10 @@ func (c *h2conn) call(ctx context.Context, body []byte) (int, error) {
 	cl := &h2call{done: make(chan error, 1)}
 	c.wmu.Lock()
 	for c.sendWin < int64(len(body)) && !c.failed() {
+		if err := ctx.Err(); err != nil {
+			c.wmu.Unlock()
+			return 0, err
+		}
 		c.window.Wait()
 	}
 	id := c.nextID
