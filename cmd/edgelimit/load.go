@@ -23,6 +23,9 @@ for -d (or until -n requests), then prints throughput (requests/s, and
 decisions/s in batch mode), closed-loop latency percentiles (p50, p99,
 p99.9, max; measured from writing a request to reading the end of its
 response), the HTTP status mix (200 allowed, 429 denied) and errors.
+With --grpc host:port it sends Envoy's ShouldRateLimit calls instead, -c of
+them in flight, on --grpc-conns connections (OK counted as 200, OVER_LIMIT
+as 429).
 The generator shares the CPU with the server when both run on one machine:
 leave it cores, or read the numbers as a lower bound. Ctrl-C stops the run
 early and still prints the report.
@@ -43,6 +46,7 @@ func runLoad(args []string, stdout io.Writer) error {
 		cfg     loadgen.Config
 		dist    = "hot"
 		asJSON  bool
+		reqOut  string
 		conc    = 64
 		dur     = 10 * time.Second
 		reqs    int64
@@ -63,10 +67,13 @@ func runLoad(args []string, stdout io.Writer) error {
 	fs.IntVar(&keys, "keys", keys, "distinct values for uniform and zipf")
 	fs.Float64Var(&zipfS, "zipf-s", zipfS, "zipf exponent, > 1 (larger = more skewed)")
 	fs.IntVar(&cfg.Batch, "batch", 0, "checks per request to /v1/check/batch; 0 = single checks to /v1/check")
-	fs.StringVar(&cfg.GRPC, "grpc", "", "`host:port` of the PoP's gRPC rate limit service (--grpc-listen): send single-check ShouldRateLimit calls there instead of HTTP, one connection per --concurrency")
+	fs.StringVar(&cfg.GRPC, "grpc", "", "`host:port` of the PoP's gRPC rate limit service (--grpc-listen): send single-check ShouldRateLimit calls there instead of HTTP, one call in flight per --concurrency")
+	fs.IntVar(&cfg.GRPCConns, "grpc-conns", 0, "with --grpc: connections the calls share as HTTP/2 streams, as Envoy calls a rate limit service over a few; 0 = one connection per --concurrency")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed for the value choice (runs are reproducible)")
 	fs.Float64Var(&cfg.Rate, "rate", 0, "requests per second in total, paced evenly over the connections; 0 = each connection sends its next request as soon as the last is answered")
 	fs.BoolVar(&cfg.Timeline, "timeline", false, "count allowed and denied checks per Unix second (the JSON report's \"timeline\"; HTTP single checks only)")
+	fs.BoolVar(&cfg.RawGRPC, "grpc-raw", false, "with --grpc: write pre-rendered gRPC messages as HTTP/2 frames on raw connections instead of using grpc-go's\nclient, which costs about as much CPU as the server it measures")
+	fs.StringVar(&reqOut, "write-grpc-request", "", "write one hot-key ShouldRateLimit request of --domain and --key, as a gRPC message (5-byte prefix and\nthe RateLimitRequest), to `file` and exit: the body for a generic HTTP/2 generator (h2load -d; see README)")
 	fs.BoolVar(&asJSON, "json", false, "print the report as JSON instead of a table")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -87,6 +94,13 @@ func runLoad(args []string, stdout io.Writer) error {
 	}
 	cfg.URL, cfg.Concurrency, cfg.Duration, cfg.Requests = urlFlag, conc, dur, reqs
 	cfg.Dist, cfg.Keys, cfg.ZipfS = d, keys, zipfS
+	if reqOut != "" {
+		b, err := loadgen.GRPCRequest(cfg, "hot")
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(reqOut, b, 0o644)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -102,9 +116,16 @@ func runLoad(args []string, stdout io.Writer) error {
 		target := cfg.URL
 		if cfg.GRPC != "" {
 			target = "grpc://" + cfg.GRPC + " (ShouldRateLimit)"
+			if cfg.RawGRPC {
+				target = "grpc://" + cfg.GRPC + " (ShouldRateLimit, raw HTTP/2)"
+			}
 		}
-		_, err = fmt.Fprintf(stdout, "load %s: %d connections, dist %s%s\n%s",
-			target, cfg.Concurrency, cfg.Dist, batch, rep)
+		conns := fmt.Sprintf("%d connections", cfg.Concurrency)
+		if cfg.GRPCConns > 0 {
+			conns = fmt.Sprintf("%d streams on %d connections", cfg.Concurrency, cfg.GRPCConns)
+		}
+		_, err = fmt.Fprintf(stdout, "load %s: %s, dist %s%s\n%s",
+			target, conns, cfg.Dist, batch, rep)
 		return err
 	}
 	enc := json.NewEncoder(stdout)

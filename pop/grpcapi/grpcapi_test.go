@@ -3,6 +3,7 @@ package grpcapi
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -24,6 +25,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgelimit/edgelimit/pop"
 	"github.com/edgelimit/edgelimit/pop/httpapi"
@@ -99,6 +102,7 @@ type fixture struct {
 	client rlsv3.RateLimitServiceClient
 	health healthpb.HealthClient
 	conn   *grpc.ClientConn
+	reg    *prometheus.Registry // holds edgelimit_grpc_requests_total
 }
 
 // start serves a Server on a loopback port with the real engine and the
@@ -107,7 +111,8 @@ func start(t *testing.T) *fixture {
 	t.Helper()
 	st := &slowStore{Store: store.NewMemory(store.MemoryConfig{})}
 	eng := pop.NewEngine(st, testRules(t), nil)
-	srv := New(Config{Engine: eng, Now: func() time.Time { return t0 }})
+	reg := prometheus.NewRegistry()
+	srv := New(Config{Engine: eng, Requests: NewRequestCounter(reg), Now: func() time.Time { return t0 }})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -124,7 +129,7 @@ func start(t *testing.T) *fixture {
 		defer cancel()
 		srv.Stop(ctx)
 	})
-	return &fixture{srv: srv, store: st, engine: eng, client: rlsv3.NewRateLimitServiceClient(conn), health: healthpb.NewHealthClient(conn), conn: conn}
+	return &fixture{srv: srv, store: st, engine: eng, client: rlsv3.NewRateLimitServiceClient(conn), health: healthpb.NewHealthClient(conn), conn: conn, reg: reg}
 }
 
 func desc(kv ...string) *ratelimitv3.RateLimitDescriptor {
@@ -295,6 +300,46 @@ func TestInvalidArgument(t *testing.T) {
 				t.Fatalf("got %v, want InvalidArgument naming %s", err, c.field)
 			}
 		})
+	}
+}
+
+// TestRequestCounter: every call is counted once under its method and
+// code, answers (OK and OVER_LIMIT alike) as OK.
+func TestRequestCounter(t *testing.T) {
+	f := start(t)
+	ip := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("remote_address", "9.9.9.9")}}
+	for range 5 { // 3/min: OK, OK, OK, OVER_LIMIT, OVER_LIMIT
+		check(t, f, ip)
+	}
+	for range 2 {
+		if _, err := f.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "api"}); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("no descriptors: got %v", err)
+		}
+	}
+	if _, err := f.health.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	mfs, err := f.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, p := range m.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			got[mf.GetName()+" "+l["method"]+" "+l["code"]] = m.GetCounter().GetValue()
+		}
+	}
+	want := map[string]float64{
+		"edgelimit_grpc_requests_total ShouldRateLimit OK":              5,
+		"edgelimit_grpc_requests_total ShouldRateLimit InvalidArgument": 2,
+		"edgelimit_grpc_requests_total Check OK":                        1,
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("counts\n got %v\nwant %v", got, want)
 	}
 }
 

@@ -6,7 +6,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+)
+
+const (
+	shouldRateLimit     = "ShouldRateLimit"
+	shouldRateLimitPath = "/" + ServiceName + "/" + shouldRateLimit
 )
 
 // RequestCounter counts gRPC calls by method and status code:
@@ -15,6 +21,10 @@ import (
 // count what the calls decided. A nil *RequestCounter counts nothing.
 type RequestCounter struct {
 	calls *prometheus.CounterVec
+	// ok is calls' child for the answer to almost every call, looked up
+	// once: finding a child by its labels (hashing them, a map under a
+	// lock) was a tenth of the handler's CPU in a profile.
+	ok prometheus.Counter
 }
 
 // NewRequestCounter creates the counter and registers it with reg.
@@ -24,13 +34,18 @@ func NewRequestCounter(reg prometheus.Registerer) *RequestCounter {
 		Help: "gRPC calls by method (ShouldRateLimit, Check, …) and status code (OK, InvalidArgument, DeadlineExceeded, …). An OVER_LIMIT answer is code OK.",
 	}, []string{"method", "code"})}
 	reg.MustRegister(c.calls)
+	c.ok = c.calls.WithLabelValues(shouldRateLimit, codes.OK.String())
 	return c
 }
 
 // interceptor counts each unary call once it has been answered.
 func (c *RequestCounter) interceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	resp, err := handler(ctx, req)
-	if c != nil {
+	switch {
+	case c == nil:
+	case err == nil && info.FullMethod == shouldRateLimitPath:
+		c.ok.Inc()
+	default:
 		c.calls.WithLabelValues(path.Base(info.FullMethod), status.Code(err).String()).Inc()
 	}
 	return resp, err

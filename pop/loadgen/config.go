@@ -59,7 +59,7 @@ type Config struct {
 	URL         string        // base URL, e.g. http://127.0.0.1:8080; only http:// is supported; required
 	Domain      string        // rate-limit domain, default "edge"
 	Key         string        // descriptor key, default "api_key"
-	Concurrency int           // connections (one request in flight each), default 64
+	Concurrency int           // workers, each with one request in flight on its own connection (gRPC: see GRPCConns), default 64
 	Duration    time.Duration // run length, default 10s
 	Requests    int64         // when > 0, stop after this many requests in total (whichever of Duration/Requests comes first)
 	Dist        Distribution  // how descriptor values are chosen, default HotKey
@@ -69,8 +69,19 @@ type Config struct {
 	Seed        uint64        // seeds value choice; worker i uses Seed+i, so runs are reproducible
 	// GRPC, when set, is the host:port of a PoP's gRPC rate limit service
 	// (--grpc-listen): each worker then sends single-check ShouldRateLimit
-	// calls on its own connection, and URL and Batch are unused.
+	// calls, one in flight, and URL and Batch are unused.
 	GRPC string
+	// GRPCConns is how many connections the gRPC workers share, their calls
+	// multiplexed as HTTP/2 streams (worker i on connection i mod
+	// GRPCConns), as Envoy calls a rate limit service over a few
+	// connections; 0 means one connection per worker. At most Concurrency.
+	GRPCConns int
+	// RawGRPC, with GRPC, sends the calls as pre-rendered gRPC messages in
+	// HTTP/2 frames on raw connections, reading each answer only as far as
+	// grpc-status and overall_code, instead of through grpc-go's client,
+	// which costs about as much CPU as the server it measures. A connection
+	// that fails is not redialed: its workers stop, each counting one error.
+	RawGRPC bool
 	// Rate, when > 0, paces the run at Rate requests per second in total,
 	// spread evenly over the connections, instead of sending each next
 	// request as soon as the last is answered (HTTP only).
@@ -134,6 +145,12 @@ func (c Config) validate() (target, error) {
 	}
 	if (c.Rate > 0 || c.Timeline) && (c.GRPC != "" || c.Batch != 0) {
 		return target{}, fmt.Errorf("loadgen: Rate and Timeline need HTTP single checks, got GRPC %q and Batch %d", c.GRPC, c.Batch)
+	}
+	if c.RawGRPC && c.GRPC == "" {
+		return target{}, fmt.Errorf("loadgen: RawGRPC needs GRPC, got GRPC %q", c.GRPC)
+	}
+	if c.GRPCConns < 0 || c.GRPCConns > c.Concurrency || (c.GRPCConns > 0 && c.GRPC == "") {
+		return target{}, fmt.Errorf("loadgen: GRPCConns must be in [0, Concurrency %d] and needs GRPC, got %d and GRPC %q", c.Concurrency, c.GRPCConns, c.GRPC)
 	}
 	if c.GRPC != "" {
 		if _, _, err := net.SplitHostPort(c.GRPC); err != nil || c.Batch != 0 {

@@ -13,6 +13,13 @@
 // "Connection: close" and discards the body, and latencies go into a
 // per-worker log-linear histogram. The steady state allocates nothing.
 //
+// It drives a PoP's gRPC service (Envoy's ShouldRateLimit) too, with the
+// same value distributions, its calls multiplexed as HTTP/2 streams over
+// a chosen number of connections: through grpc-go's client, or, with
+// RawGRPC, as pre-rendered gRPC messages written as HTTP/2 frames
+// (golang.org/x/net's framer and HPACK) whose answers are read only as far
+// as grpc-status and overall_code, the same economy as the HTTP path.
+//
 // Latency is measured per request from just before the write to just after
 // the last body byte is read; it is closed-loop latency (each connection
 // waits for its answer before sending the next request), so it does not

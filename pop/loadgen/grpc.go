@@ -2,6 +2,7 @@ package loadgen
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -11,16 +12,21 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 )
 
-// runGRPC is Run against a gRPC rate limit service: each worker has its own
-// connection and one ShouldRateLimit call in flight, with the value
-// distribution of the HTTP runs. Status counts the answers as HTTP would:
-// 200 for OK, 429 for OVER_LIMIT.
+// runGRPC is Run against a gRPC rate limit service: each worker has one
+// ShouldRateLimit call in flight, with the value distribution of the HTTP
+// runs, on connection i mod GRPCConns (its own when GRPCConns is 0). Status
+// counts the answers as HTTP would: 200 for OK, 429 for OVER_LIMIT.
 func runGRPC(ctx context.Context, t *target) (Report, error) {
 	cfg := &t.cfg
 	workers := make([]*worker, cfg.Concurrency)
-	conns := make([]*grpc.ClientConn, cfg.Concurrency)
+	nconns := cfg.GRPCConns
+	if nconns == 0 {
+		nconns = cfg.Concurrency
+	}
+	conns := make([]*grpc.ClientConn, nconns)
 	defer func() {
 		for _, c := range conns {
 			if c != nil {
@@ -33,7 +39,10 @@ func runGRPC(ctx context.Context, t *target) (Report, error) {
 		if err != nil {
 			return Report{}, fmt.Errorf("loadgen: %s: %w", t.addr, err)
 		}
-		conns[i], workers[i] = c, &worker{}
+		conns[i] = c
+	}
+	for i := range workers {
+		workers[i] = &worker{}
 	}
 	probe, cancelProbe := context.WithTimeout(ctx, dialTimeout)
 	_, err := rlsv3.NewRateLimitServiceClient(conns[0]).ShouldRateLimit(probe, request(cfg, "probe"), grpc.WaitForReady(true))
@@ -54,7 +63,7 @@ func runGRPC(ctx context.Context, t *target) (Report, error) {
 	start := time.Now()
 	var wg sync.WaitGroup
 	for i, w := range workers {
-		client := rlsv3.NewRateLimitServiceClient(conns[i])
+		client := rlsv3.NewRateLimitServiceClient(conns[i%nconns])
 		next := values(cfg, i)
 		wg.Go(func() {
 			var val []byte
@@ -98,4 +107,24 @@ func runGRPC(ctx context.Context, t *target) (Report, error) {
 func request(cfg *Config, value string) *rlsv3.RateLimitRequest {
 	return &rlsv3.RateLimitRequest{Domain: cfg.Domain, HitsAddend: 1, Descriptors: []*ratelimitv3.RateLimitDescriptor{
 		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: cfg.Key, Value: value}}}}}
+}
+
+// GRPCRequest returns one single-check ShouldRateLimit request of value in
+// cfg's domain and key (defaults applied) as a gRPC message on the wire:
+// the 5-byte prefix (uncompressed, big-endian length) and the serialized
+// RateLimitRequest. It is the body for a generic HTTP/2 generator such as
+// h2load, posted to /envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
+// with content-type: application/grpc and te: trailers.
+func GRPCRequest(cfg Config, value string) ([]byte, error) {
+	cfg.GRPC = "127.0.0.1:1" // any address: only the defaults matter here
+	t, err := cfg.validate()
+	if err != nil {
+		return nil, err
+	}
+	msg, err := proto.Marshal(request(&t.cfg, value))
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: %w", err)
+	}
+	frame := binary.BigEndian.AppendUint32([]byte{0}, uint32(len(msg)))
+	return append(frame, msg...), nil
 }

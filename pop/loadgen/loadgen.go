@@ -101,6 +101,9 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
+	if t.cfg.RawGRPC {
+		return runH2(ctx, &t)
+	}
 	if t.cfg.GRPC != "" {
 		return runGRPC(ctx, &t)
 	}

@@ -311,6 +311,10 @@ func TestConfigErrors(t *testing.T) {
 		{Config{URL: u, Rate: -1}, "Rate must be a finite number ≥ 0, got -1"},
 		{Config{URL: u, Rate: 10, Batch: 5}, "Rate and Timeline need HTTP single checks"},
 		{Config{URL: u, Timeline: true, GRPC: "127.0.0.1:1"}, "Rate and Timeline need HTTP single checks"},
+		{Config{GRPC: "127.0.0.1:1", Concurrency: 4, GRPCConns: 5}, "GRPCConns must be in [0, Concurrency 4] and needs GRPC, got 5"},
+		{Config{GRPC: "127.0.0.1:1", GRPCConns: -1}, "got -1"},
+		{Config{URL: u, GRPCConns: 2}, `needs GRPC, got 2 and GRPC ""`},
+		{Config{URL: u, RawGRPC: true}, `RawGRPC needs GRPC`},
 		{Config{URL: closed}, "cannot connect to " + strings.TrimPrefix(closed, "http://")},
 	}
 	for _, tc := range tests {
