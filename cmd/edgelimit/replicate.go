@@ -99,19 +99,19 @@ func (f *replFlags) validate() (replication.Topology, error) {
 // replicator returns the node's Replicate hook: restore the store from
 // Pebble, connect to NATS (an embedded server unless --nats names one), and
 // run the replicator with every delta persisted before it is published.
-func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.Logger) func(context.Context, node.ReplicaHooks) (func() error, error) {
+func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.Logger) func(context.Context, node.ReplicaHooks) (func() error, func() error, error) {
 	dataDir := dur.dir
-	return func(ctx context.Context, h node.ReplicaHooks) (func() error, error) {
+	return func(ctx context.Context, h node.ReplicaHooks) (func() error, func() error, error) {
 		store, bits, reg := h.Counts, h.Bits, h.Registerer
 		db, err := dur.open() // the directory the durable hook opened: one Pebble store
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		counts := replication.NewPersisted(store, db, log)
 		seq, err := counts.RestoreFrom()
 		if err != nil {
 			dur.release()
-			return nil, err
+			return nil, nil, err
 		}
 		var cleanup []func()
 		closeAll := func() {
@@ -120,10 +120,14 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			}
 			dur.release()
 		}
+		var guard *replication.StoreGuard
 		url := f.natsURL
 		if url == "" {
+			// The stream's store is on the --data disk too: the same
+			// minimum of free space guards it.
+			guard = replication.NewStoreGuard(dur.minFree, log.With("component", "nats-store"))
 			cfg := replication.ServerConfig{Name: f.pop, Dir: filepath.Join(dataDir, "nats"), Host: f.natsHost, Port: f.natsListen,
-				Domain: f.region, Users: f.natsUsers, Logger: log.With("component", "nats")}
+				Domain: f.region, Users: f.natsUsers, Logger: log.With("component", "nats"), Guard: guard}
 			if f.leafListen != 0 || len(f.leafRemotes.values) > 0 {
 				cfg.Leaf = &replication.LeafConfig{Port: f.leafListen}
 				for _, u := range f.leafRemotes.values { // one hub region's server per URL
@@ -133,13 +137,18 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			srv, err := replication.StartServer(cfg)
 			if err != nil {
 				closeAll()
-				return nil, fmt.Errorf("embedded NATS: %w", err)
+				return nil, nil, fmt.Errorf("embedded NATS: %w", err)
 			}
 			cleanup = append(cleanup, srv.Shutdown)
 			if err := replication.WaitReady(srv, 10*time.Second); err != nil {
 				closeAll()
-				return nil, fmt.Errorf("embedded NATS: %w", err)
+				return nil, nil, fmt.Errorf("embedded NATS: %w", err)
 			}
+			gctx, stopGuard := context.WithCancel(ctx)
+			guardDone := make(chan struct{})
+			go func() { defer close(guardDone); guard.Run(gctx) }()
+			cleanup = append(cleanup, func() { stopGuard(); <-guardDone })
+			registerStoreGuard(reg, guard)
 			url = srv.ClientURL()
 			log.Info("embedded NATS serving", "url", url, "domain", f.region)
 		}
@@ -148,7 +157,7 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			Logger: log.With("component", "nats-client")})
 		if err != nil {
 			closeAll()
-			return nil, fmt.Errorf("nats %s: %w", url, err)
+			return nil, nil, fmt.Errorf("nats %s: %w", url, err)
 		}
 		cleanup = append(cleanup, nc.Close)
 		r, err := replication.New(replication.Config{
@@ -160,17 +169,42 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 		})
 		if err != nil {
 			closeAll()
-			return nil, err
+			return nil, nil, err
 		}
 		reg.MustRegister(replicationCollector{r})
 		log.Info("replicating", "region", f.region, "pop", f.pop, "regions", len(t.Regions), "resume_after_seq", seq)
-		return func() error {
+		run := func() error {
 			defer closeAll()
 			err := r.Run(ctx)
 			_ = counts.Save(counts.Delta()) // one last save of what was counted
 			return err
-		}, nil
+		}
+		ready := func() error {
+			if guard != nil {
+				return guard.Full()
+			}
+			return nil
+		}
+		return run, ready, nil
 	}
+}
+
+// registerStoreGuard exports the embedded NATS server's JetStream store guard.
+func registerStoreGuard(reg prometheus.Registerer, g *replication.StoreGuard) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "edgelimit_jetstream_disk_full",
+			Help: "1 while the embedded NATS server's JetStream store cannot write (free space under --data-min-free-mib, or ENOSPC met): the PoP decides from its own store, /readyz fails, and its counts are published once space returns.",
+		}, func() float64 {
+			if g.Full() != nil {
+				return 1
+			}
+			return 0
+		}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "edgelimit_jetstream_restarts_total", Help: "JetStream restarts of the embedded NATS server once space returned after ENOSPC (nats-server writes no more to a stream that met ENOSPC until then).",
+		}, func() float64 { return float64(g.Stats().Restarts) }),
+	)
 }
 
 // replicationCollector exports a Replicator's Stats to Prometheus when scraped.

@@ -93,8 +93,11 @@ type Config struct {
 	// Replicate, when set, wires the store to replication (cmd supplies it;
 	// pop does not import replication). It is called before the PoP serves
 	// its first check, so that it can restore durable state into the store,
-	// and returns the function that runs replication until ctx ends.
-	Replicate func(ctx context.Context, h ReplicaHooks) (run func() error, err error)
+	// and returns the function that runs replication until ctx ends and a
+	// readiness check (/readyz fails while it returns an error: the stream's
+	// disk is full, or a restarted PoP has not caught up yet); ready may be
+	// nil.
+	Replicate func(ctx context.Context, h ReplicaHooks) (run func() error, ready func() error, err error)
 	// Durable, when set, makes the embedded store's own table durable (cmd
 	// supplies it: it opens Pebble under DataDir; pop does not import
 	// replication). It is called before the PoP serves its first check and
@@ -309,12 +312,24 @@ func Run(ctx context.Context, cfg Config) error {
 				c.SetClockOffset(d)
 			}
 		}
-		run, err := cfg.Replicate(ctx, ReplicaHooks{Counts: counts, Bits: mit, Registerer: reg, SetGlobalShare: eng.SetGlobalShare, SetClockOffset: setClock,
+		run, replReady, err := cfg.Replicate(ctx, ReplicaHooks{Counts: counts, Bits: mit, Registerer: reg, SetGlobalShare: eng.SetGlobalShare, SetClockOffset: setClock,
 			Bounds: eng.ReplicaBounds()})
 		if err != nil {
 			return fmt.Errorf("replication: %w", err)
 		}
 		go func() { replErr <- run() }()
+		if replReady != nil {
+			storeReady := ready
+			ready = func() error {
+				if err := storeReady(); err != nil {
+					return err
+				}
+				if err := replReady(); err != nil {
+					return fmt.Errorf("replication: %w", err)
+				}
+				return nil
+			}
+		}
 	}
 	// The watcher's first look loads the files again (the same rules, unless
 	// they changed since the load above) and swaps them in.
@@ -378,7 +393,7 @@ func Run(ctx context.Context, cfg Config) error {
 		// The rules loaded before serving; the health service follows the
 		// store's readiness, as /readyz does.
 		gsrv.SetServing(ready() == nil)
-		if ping != nil || cfg.Durable != nil {
+		if ping != nil || cfg.Durable != nil || cfg.Replicate != nil {
 			stop := make(chan struct{})
 			defer close(stop)
 			go every(time.Second, stop, func(int64) { gsrv.SetServing(ready() == nil) })
