@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -38,6 +39,7 @@ type replFlags struct {
 	clockSync             bool
 	maxClockStep          time.Duration
 	unreachableAfter      time.Duration
+	catchUp               time.Duration
 }
 
 // domains names each region's JetStream domain after the region: regions are
@@ -81,6 +83,9 @@ func (f *replFlags) validate() (replication.Topology, error) {
 	}
 	if f.unreachableAfter <= 0 {
 		return t, fmt.Errorf("--unreachable-after must be > 0, got %v", f.unreachableAfter)
+	}
+	if f.catchUp < 0 {
+		return t, fmt.Errorf("--catchup-timeout must be >= 0, got %v", f.catchUp)
 	}
 	if f.maxClockStep <= 0 {
 		return t, fmt.Errorf("--max-clock-step must be > 0, got %v", f.maxClockStep)
@@ -173,6 +178,16 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 		}
 		reg.MustRegister(replicationCollector{r})
 		log.Info("replicating", "region", f.region, "pop", f.pop, "regions", len(t.Regions), "resume_after_seq", seq)
+		catchUp := waitCatchUp(ctx, r, f.catchUp, h.CaughtUp, log)
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "edgelimit_replication_catching_up",
+			Help: "1 while a starting PoP has not yet applied what the other PoPs published before it started (--catchup-timeout): /readyz fails and, with --catchup-hold, checks of region and global limits wait.",
+		}, func() float64 {
+			if catchUp() != nil {
+				return 1
+			}
+			return 0
+		}))
 		run := func() error {
 			defer closeAll()
 			err := r.Run(ctx)
@@ -180,12 +195,58 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			return err
 		}
 		ready := func() error {
+			if err := catchUp(); err != nil {
+				return err
+			}
 			if guard != nil {
 				return guard.Full()
 			}
 			return nil
 		}
 		return run, ready, nil
+	}
+}
+
+// waitCatchUp waits, in the background, until r has caught up on its
+// region's stream (Replicator.CaughtUp) or timeout has passed, then calls
+// caughtUp once. It returns a readiness check: an error naming how far the
+// PoP has read while it waits, nil after. When the wait times out, it logs
+// why the PoP serves anyway.
+func waitCatchUp(ctx context.Context, r *replication.Replicator, timeout time.Duration, caughtUp func(), log *slog.Logger) func() error {
+	var done atomic.Bool
+	if timeout == 0 {
+		done.Store(true)
+		caughtUp()
+		return func() error { return nil }
+	}
+	began := time.Now()
+	go func() {
+		defer func() { done.Store(true); caughtUp() }()
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		select {
+		case <-r.CaughtUp():
+			applied, target := r.CatchUp()
+			log.Info("replication: caught up on the stream", "applied_seq", applied, "target_seq", target,
+				"took", time.Since(began).Round(time.Millisecond).String())
+		case <-t.C:
+			applied, target := r.CatchUp()
+			reason := "the stream is read up to applied_seq of target_seq"
+			if target == 0 {
+				reason = "the stream's consumer has not started (NATS unreachable or slow)"
+			}
+			log.Warn("replication: serving before catching up on the stream; checks of region and global limits may admit "+
+				"what the other PoPs admitted while this one was down", "catchup_timeout", timeout.String(), "why", reason,
+				"applied_seq", applied, "target_seq", target)
+		case <-ctx.Done():
+		}
+	}()
+	return func() error {
+		if done.Load() {
+			return nil
+		}
+		applied, target := r.CatchUp()
+		return fmt.Errorf("catching up on the stream: applied sequence %d of %d (waits at most --catchup-timeout %v)", applied, target, timeout)
 	}
 }
 

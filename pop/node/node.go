@@ -98,6 +98,11 @@ type Config struct {
 	// disk is full, or a restarted PoP has not caught up yet); ready may be
 	// nil.
 	Replicate func(ctx context.Context, h ReplicaHooks) (run func() error, ready func() error, err error)
+	// HoldReplicated makes checks of region and global items wait, with
+	// Replicate, until it calls ReplicaHooks.CaughtUp (or the request's
+	// context ends): a restarted PoP then decides them on the other PoPs'
+	// counts, not on its own alone. Checks of pop-scope items never wait.
+	HoldReplicated bool
 	// Durable, when set, makes the embedded store's own table durable (cmd
 	// supplies it: it opens Pebble under DataDir; pop does not import
 	// replication). It is called before the PoP serves its first check and
@@ -166,6 +171,11 @@ type ReplicaHooks struct {
 	// SetClockOffset moves the clock the PoP decides on by the correction
 	// the PoPs agreed on (pop.Engine.SetClockOffset, and the store's).
 	SetClockOffset func(time.Duration)
+	// CaughtUp is called once the PoP has applied what the other PoPs
+	// published while it was down, or has stopped waiting for it: with
+	// Config.HoldReplicated, checks of region and global items wait until
+	// then. Calling it again does nothing.
+	CaughtUp func()
 }
 
 // DurableHooks is what the node hands to Config.Durable.
@@ -248,6 +258,12 @@ func Run(ctx context.Context, cfg Config) error {
 		go every(interval, stop, func(now int64) { health.probe(time.Unix(0, now)) })
 	}
 
+	var hold *holdStore
+	if cfg.Replicate != nil && cfg.HoldReplicated {
+		hold = newHoldStore(st)
+		st = hold
+		defer hold.release() // whatever happens, nothing waits past Run
+	}
 	eng := pop.NewEngine(st, set, metrics)
 	eng.SetCountDenied(cfg.CountDeniedHits)
 	var top *topkeys.Sketch
@@ -313,7 +329,11 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 		}
 		run, replReady, err := cfg.Replicate(ctx, ReplicaHooks{Counts: counts, Bits: mit, Registerer: reg, SetGlobalShare: eng.SetGlobalShare, SetClockOffset: setClock,
-			Bounds: eng.ReplicaBounds()})
+			Bounds: eng.ReplicaBounds(), CaughtUp: func() {
+				if hold != nil {
+					hold.release()
+				}
+			}})
 		if err != nil {
 			return fmt.Errorf("replication: %w", err)
 		}
