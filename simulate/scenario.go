@@ -101,11 +101,15 @@ type Region struct {
 
 // Link is the one-way latency between regions From and To (either way):
 // Ms, plus a uniform jitter in [-JitterMs, +JitterMs], never below zero.
+// Loss, when set, replaces the scenario's Loss on this link (between two
+// regions only): a path over two links, as the lab's leaf regions reach
+// each other through the hub (deploy/lab's HubRouted), loses on both.
 type Link struct {
-	From     string  `yaml:"from"`
-	To       string  `yaml:"to"`
-	Ms       float64 `yaml:"ms"`
-	JitterMs float64 `yaml:"jitter_ms"`
+	From     string   `yaml:"from"`
+	To       string   `yaml:"to"`
+	Ms       float64  `yaml:"ms"`
+	JitterMs float64  `yaml:"jitter_ms"`
+	Loss     *float64 `yaml:"loss,omitempty"`
 }
 
 // Partition cuts the link between regions From and To (both ways unless
@@ -253,6 +257,9 @@ func (sc *Scenario) Validate() error {
 		}
 		if l.Ms < 0 || l.JitterMs < 0 || math.IsNaN(l.Ms) || math.IsNaN(l.JitterMs) {
 			return fmt.Errorf("latency[%d]: ms and jitter_ms must be ≥ 0, got %v and %v", i, l.Ms, l.JitterMs)
+		}
+		if l.Loss != nil && !(*l.Loss >= 0 && *l.Loss < 1) {
+			return fmt.Errorf("latency[%d]: loss must be in [0, 1), got %v", i, *l.Loss)
 		}
 		if seen[pair{l.From, l.To}] {
 			return fmt.Errorf("latency[%d]: regions %q and %q given twice", i, l.From, l.To)

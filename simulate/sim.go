@@ -201,6 +201,7 @@ type topology struct {
 	peers   [][]string // other PoPs of each PoP's region
 	base    [][]int64  // one-way latency between regions, ns
 	jitter  [][]int64
+	loss    [][]float64 // between two regions: Scenario.Loss or the link's own
 	cuts    []cut
 }
 
@@ -231,15 +232,23 @@ func newTopology(sc *Scenario) *topology {
 		t.peers = append(t.peers, peers)
 	}
 	n := len(t.regions)
-	t.base, t.jitter = make([][]int64, n), make([][]int64, n)
+	t.base, t.jitter, t.loss = make([][]int64, n), make([][]int64, n), make([][]float64, n)
 	for i := range n {
-		t.base[i], t.jitter[i] = make([]int64, n), make([]int64, n)
+		t.base[i], t.jitter[i], t.loss[i] = make([]int64, n), make([]int64, n), make([]float64, n)
+		for j := range n {
+			if j != i {
+				t.loss[i][j] = sc.Loss
+			}
+		}
 	}
 	for _, l := range sc.Latency {
 		a, b := idx[l.From], idx[l.To]
 		ms := func(v float64) int64 { return int64(math.Round(v * float64(time.Millisecond))) }
 		t.base[a][b], t.base[b][a] = ms(l.Ms), ms(l.Ms)
 		t.jitter[a][b], t.jitter[b][a] = ms(l.JitterMs), ms(l.JitterMs)
+		if l.Loss != nil && a != b {
+			t.loss[a][b], t.loss[b][a] = *l.Loss, *l.Loss
+		}
 	}
 	for _, p := range sc.Partitions {
 		t.cuts = append(t.cuts, cut{idx[p.From], idx[p.To], int64(p.Start), int64(p.End), p.OneWay})
@@ -845,7 +854,7 @@ const retransmit = int64(200 * time.Millisecond)
 // Region b's PoPs read one stream, fed over one connection from region a:
 // messages arrive in the order they were sent, at the latency between the
 // regions (plus jitter), held across a cut until it heals; on a link
-// between regions a message is lost with probability Loss, and arrives a
+// between regions a message is lost with the link's loss, and arrives a
 // retransmission late with everything behind it. (A model that drops a
 // lost message instead, as this one did, hid loss: the next message's
 // absolute counts repaired it 10 ms later, where TCP stalls the link for
@@ -857,7 +866,7 @@ func (r *run) linkAt(a, b int, held bool) int64 {
 		return -2
 	}
 	at := heal + r.latency(a, b)
-	if a != b && r.sc.Loss > 0 && r.q.rand.Float64() < r.sc.Loss {
+	if loss := r.top.loss[a][b]; loss > 0 && r.q.rand.Float64() < loss {
 		at += retransmit
 	}
 	at = max(at, r.linkFree[a][b])

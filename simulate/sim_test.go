@@ -394,6 +394,7 @@ sources: [{rate: 500, spread: spray}]
 		{"bad spread", "sources: [{rate: 1, spread: broadcast}]\n", `"broadcast" is not anycast, spray or random`},
 		{"unknown anycast pop", "sources: [{rate: 1, spread: anycast, pop: zz}]\n", `unknown PoP "zz"`},
 		{"bad loss", "loss: 1.5\n", "loss: must be in [0, 1)"},
+		{"bad link loss", "latency: [{from: us, to: eu, ms: 40, loss: -0.1}]\n", "latency[0]: loss must be in [0, 1)"},
 		{"bad partition", "partitions: [{from: us, to: eu, start: 5s, end: 2s}]\n", "partitions[0]: need 0 ≤ start < end"},
 		{"partition unknown region", "partitions: [{from: us, to: mars, start: 1s, end: 2s}]\n", `unknown region in "us"–"mars"`},
 		{"token bucket", "limit: {requests_per_unit: 10, unit: second, algorithm: token_bucket}\n", "does not replicate"},
@@ -494,6 +495,32 @@ func BenchmarkRun(b *testing.B) {
 			}
 			b.ReportMetric(float64(decisions)/b.Elapsed().Seconds(), "decisions/s")
 		})
+	}
+}
+
+// TestLinkLoss: a link's own loss replaces the scenario's on that link, and
+// nothing is lost inside a region.
+func TestLinkLoss(t *testing.T) {
+	sc, err := ParseScenario([]byte(`
+seed: 1
+duration: 10s
+regions: [{name: us, pops: [a]}, {name: eu, pops: [b]}, {name: ap, pops: [c]}]
+latency: [{from: us, to: eu, ms: 40}, {from: us, to: ap, ms: 90, loss: 0.02}, {from: eu, to: ap, ms: 130}]
+loss: 0.01
+limit: {requests_per_unit: 100, unit: second}
+sources: [{rate: 500, spread: spray}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	top := newTopology(&sc)
+	want := [][]float64{{0, 0.01, 0.02}, {0.01, 0, 0.01}, {0.02, 0.01, 0}}
+	for a := range want {
+		for b := range want[a] {
+			if top.loss[a][b] != want[a][b] {
+				t.Errorf("loss %s→%s = %v, want %v", top.regions[a], top.regions[b], top.loss[a][b], want[a][b])
+			}
+		}
 	}
 }
 

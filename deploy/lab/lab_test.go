@@ -65,6 +65,52 @@ func TestPlan(t *testing.T) {
 	}
 }
 
+// TestHubRouted: the simulator's copy of a lab run with more than two
+// regions routes leaf to leaf through the hub, as the lab's network does.
+func TestHubRouted(t *testing.T) {
+	sc, err := HubRouted(loadScenario(t, "world.yaml")) // us-east is the hub
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(a, b string) simulate.Link {
+		t.Helper()
+		l, err := find(sc, a, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	if l := get("eu", "us-east"); l.Ms != 75 || l.JitterMs != 5 || l.Loss != nil {
+		t.Errorf("eu–us-east (a leg to the hub) changed: %+v", l)
+	}
+	if l := get("eu", "ap"); l.Ms != 75+120 || l.JitterMs != 5+10 || l.Loss == nil || math.Abs(*l.Loss-(1-0.99*0.99)) > 1e-12 {
+		t.Errorf("eu–ap: %+v, want 195 ms ± 15 over two links of 1%% loss", l)
+	}
+	if l := get("ap", "ap"); l.Ms != 5 {
+		t.Errorf("inside ap: %+v, want the scenario's 5 ms", l)
+	}
+	// A cut between two leaf regions is a leaf cut from the hub: from
+	// every other region.
+	in := loadScenario(t, "world.yaml")
+	in.Partitions = []simulate.Partition{{From: "eu", To: "ap", Start: time.Second, End: 2 * time.Second}}
+	if sc, err = HubRouted(in); err != nil {
+		t.Fatal(err)
+	}
+	if len(sc.Partitions) != 4 {
+		t.Fatalf("partitions %+v, want eu cut from the 4 other regions", sc.Partitions)
+	}
+	for _, p := range sc.Partitions {
+		if p.From != "eu" || p.To == "eu" || p.Start != time.Second || p.End != 2*time.Second {
+			t.Errorf("partition %+v", p)
+		}
+	}
+	// Two regions: nothing to route.
+	two := loadScenario(t, "partition.yaml")
+	if got, _ := HubRouted(two); len(got.Latency) != len(two.Latency) || len(got.Partitions) != len(two.Partitions) {
+		t.Errorf("two regions changed: %+v", got)
+	}
+}
+
 // TestWindows adds two loads' timelines into windows of one second and
 // grades them as the simulator's oracle does.
 func TestWindows(t *testing.T) {

@@ -183,15 +183,23 @@ func NewPlan(sc simulate.Scenario) (Plan, error) {
 	return p, nil
 }
 
-// link returns the scenario's link between regions a and b.
+// link returns the scenario's link between regions a and b as a relay
+// carries it.
 func link(sc simulate.Scenario, a, b string) (faultnet.Link, error) {
-	for _, l := range sc.Latency {
-		if (l.From == a && l.To == b) || (l.From == b && l.To == a) {
-			ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
-			return faultnet.Link{Delay: ms(l.Ms), Jitter: ms(l.JitterMs), Loss: sc.Loss}, nil
-		}
+	l, err := find(sc, a, b)
+	if err != nil {
+		return faultnet.Link{}, err
 	}
-	return faultnet.Link{}, fmt.Errorf("latency: no entry between %s and %s", a, b)
+	ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
+	return faultnet.Link{Delay: ms(l.Ms), Jitter: ms(l.JitterMs), Loss: lossOn(sc, l)}, nil
+}
+
+// lossOn is the loss on link l of sc: its own, else the scenario's.
+func lossOn(sc simulate.Scenario, l simulate.Link) float64 {
+	if l.Loss != nil {
+		return *l.Loss
+	}
+	return sc.Loss
 }
 
 // Region returns the plan of the region named name.
@@ -206,8 +214,11 @@ func (p Plan) Region(name string) (RegionPlan, bool) {
 // cutRegion returns the region whose wan link a partition takes down: the
 // side that is not the hub (every path between leaf regions crosses the
 // hub, so cutting a leaf region's link cuts it from every other region).
-func (p Plan) cutRegion(part simulate.Partition) string {
-	if part.From == p.Regions[0].Name {
+func (p Plan) cutRegion(part simulate.Partition) string { return cutSide(p.Regions[0].Name, part) }
+
+// cutSide is cutRegion with hub the hub region's name.
+func cutSide(hub string, part simulate.Partition) string {
+	if part.From == hub {
 		return part.To
 	}
 	return part.From
@@ -247,4 +258,70 @@ func Shrink(sc simulate.Scenario, popsPerRegion int, duration time.Duration) sim
 		out.Sources = append(out.Sources, s)
 	}
 	return out
+}
+
+// HubRouted returns sc as the lab's network carries it, for the simulator to
+// run beside the lab. Regions reach each other only through the hub (the
+// first region), as deploy/nats links them: between two leaf regions the
+// one-way latency is both legs' (their jitter too), and a message crosses
+// two lossy links, so it is lost with 1−(1−p)² where one link loses p; and a
+// cut, which the lab makes by taking a leaf region's link to the hub down,
+// cuts that region from every other. With two regions it changes nothing.
+//
+// What it leaves out: in the lab one stall on a leaf's link to the hub holds
+// up its news to every region at once, where the simulator stalls each pair
+// of regions on its own.
+func HubRouted(sc simulate.Scenario) (simulate.Scenario, error) {
+	if len(sc.Regions) <= 2 {
+		return sc, nil
+	}
+	hub := sc.Regions[0].Name
+	out := sc
+	out.Latency = nil
+	legs := map[string]simulate.Link{} // each leaf's link to the hub
+	for _, r := range sc.Regions {
+		l, err := find(sc, r.Name, hub)
+		if err != nil {
+			return simulate.Scenario{}, err
+		}
+		legs[r.Name] = l
+	}
+	for i, a := range sc.Regions {
+		for _, b := range sc.Regions[i:] {
+			l, err := find(sc, a.Name, b.Name)
+			if err != nil {
+				return simulate.Scenario{}, err
+			}
+			if a.Name != b.Name && a.Name != hub && b.Name != hub {
+				la, lb := legs[a.Name], legs[b.Name]
+				loss := 1 - (1-lossOn(sc, la))*(1-lossOn(sc, lb))
+				l = simulate.Link{From: a.Name, To: b.Name, Ms: la.Ms + lb.Ms, JitterMs: la.JitterMs + lb.JitterMs, Loss: &loss}
+			}
+			out.Latency = append(out.Latency, l)
+		}
+	}
+	out.Partitions = nil
+	for _, pt := range sc.Partitions {
+		cut := cutSide(hub, pt)
+		for _, r := range sc.Regions {
+			if r.Name != cut {
+				out.Partitions = append(out.Partitions, simulate.Partition{From: cut, To: r.Name, Start: pt.Start, End: pt.End, OneWay: pt.OneWay})
+			}
+		}
+	}
+	return out, out.Validate()
+}
+
+// find returns the scenario's link between regions a and b; a region with
+// itself has latency 0 unless the scenario gives one.
+func find(sc simulate.Scenario, a, b string) (simulate.Link, error) {
+	for _, l := range sc.Latency {
+		if (l.From == a && l.To == b) || (l.From == b && l.To == a) {
+			return l, nil
+		}
+	}
+	if a == b {
+		return simulate.Link{From: a, To: b}, nil
+	}
+	return simulate.Link{}, fmt.Errorf("latency: no entry between %s and %s", a, b)
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 
@@ -370,6 +371,62 @@ func TestMirrorNeedsMemory(t *testing.T) {
 	}
 }
 
+// TestMirrorFollowsStall: a replica whose news stops coming — its link stalled
+// behind a lost message — while this PoP keeps admitting the key is guessed to
+// have admitted alongside it for up to stallReach past its usual gap, not
+// just one gap (where the guess by its rate stops: it cannot tell a stall from
+// a replica gone quiet); and no further, where a silence is more likely a cut.
+func TestMirrorFollowsStall(t *testing.T) {
+	ms := int64(time.Millisecond)
+	it := perSecond(limit.SlidingWindow, 400, "stall")
+	t0 := limittest.T0.UnixNano() // a window starts here
+	s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+	key := string(it.Key)
+	// The mirror over an age: what a admitted within it, times b's count
+	// against a's before it.
+	var hits []int64 // a's admissions
+	var bCount uint64
+	mirror := func(now, age int64) float64 {
+		since := 0
+		for _, h := range hits {
+			if h > now-age {
+				since++
+			}
+		}
+		return float64(since) * float64(bCount) / float64(len(hits)-since)
+	}
+	checks := map[int64]string{
+		// 150 ms after b's last news (applied at 640 ms): 190 ms old, held
+		// to one gap (10 ms) past the delay (40 ms), plus stallReach.
+		t0 + 790*ms: "stalled 150 ms",
+		// Still 150 ms: a silence that long is taken for a cut.
+		t0 + 940*ms: "silent 300 ms",
+	}
+	// Both admit one hit each 5 ms; b's news comes every 10 ms, 40 ms on
+	// the way, until its last, sent at 600 ms.
+	for at := t0; at <= t0+940*ms; at += 5 * ms {
+		if sent := at - 40*ms; sent > t0 && sent <= t0+600*ms && (sent-t0)%(10*ms) == 0 {
+			bCount = uint64((sent - t0) / (5 * ms))
+			s.ApplyAt(at, sent, []crdt.Slot{{Key: key, Window: t0, Replica: "b", Count: bCount}})
+		}
+		if admit(t, s, at, it, 1) != 1 {
+			t.Fatalf("denied at %v, far below the limit", time.Duration(at-t0))
+		}
+		hits = append(hits, at)
+		name, ok := checks[at]
+		if !ok {
+			continue
+		}
+		s.rep.mu.Lock()
+		st := s.rep.state(&it, at)
+		s.rep.mu.Unlock()
+		if want := mirror(at, 150*ms); math.Abs(st.Unheard-want) > 1e-4 {
+			t.Errorf("%s: Unheard = %v, want %v (the mirror over 150ms); over one gap past the delay it is %v",
+				name, st.Unheard, want, mirror(at, 50*ms))
+		}
+	}
+}
+
 // TestClockStep: when a replica's stamp-to-apply delay steps by more than
 // jitter — a clock moved — the age of its news follows at once instead of
 // over a dozen messages.
@@ -384,12 +441,12 @@ func TestClockStep(t *testing.T) {
 	// The clocks agree: the next message says 10 ms.
 	sent := now + 200*ms
 	c.heard(sent+10*ms, sent)
-	if got := c.age(sent + 10*ms); got != float64(10*ms) {
+	if got := c.age(sent+10*ms, 0); got != float64(10*ms) {
 		t.Fatalf("age on arrival after the step = %v, want 10ms", time.Duration(got))
 	}
 	// Jitter is smoothed, not followed.
 	c.heard(sent+10*ms+30*ms, sent+10*ms)
-	if got := c.age(sent + 40*ms); got != float64(10*ms)+float64(20*ms)/8 {
+	if got := c.age(sent+40*ms, 0); got != float64(10*ms)+float64(20*ms)/8 {
 		t.Fatalf("age after 30 ms of jitter = %v, want 12.5ms", time.Duration(got))
 	}
 }

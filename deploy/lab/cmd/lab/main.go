@@ -71,6 +71,10 @@ func run(scenario string, perRegion int, duration time.Duration, faults bool, pr
 		return err
 	}
 	sc = lab.Shrink(sc, perRegion, duration)
+	// The simulator runs the network the lab builds: through the hub.
+	if sc, err = lab.HubRouted(sc); err != nil {
+		return err
+	}
 	plan, err := lab.NewPlan(sc)
 	if err != nil {
 		return err
