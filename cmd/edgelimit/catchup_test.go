@@ -17,7 +17,8 @@ import (
 // admitted decides region limits on what that PoP admitted meanwhile: until
 // it has applied its region's stream up to where the stream ended when it
 // started, /readyz fails ("catching up") and a check of a region limit
-// waits, then is denied. Its link to NATS is slowed (300 ms a chunk) so that
+// waits, then is decided on a's admissions: the two never admit more than the
+// limit. Its link to NATS is slowed (300 ms a chunk) so that
 // reading the stream takes a second or more. Before, the restarted PoP
 // answered ready at once and admitted on its own counts (the soak: 57
 // admitted against 51 on a limit of 50). With NATS unreachable, it serves
@@ -47,11 +48,17 @@ func TestPoPCatchUpAfterRestart(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // saved and published
 	popB.Process.Kill()
 	popB.Wait()
-	for i := range 3 { // the rest of the limit of 5, while b is down
-		if c := checkKey(t, a, "region"); c != 200 {
-			t.Fatalf("a's check %d while b is down: %d, want 200", i+1, c)
+	// The rest of the limit of 5, while b is down. a may stop short of it:
+	// its estimate of b guesses what b admits while b is silent.
+	byA := 0
+	for range 3 {
+		if checkKey(t, a, "region") == 200 {
+			byA++
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	if byA == 0 {
+		t.Fatal("a admitted nothing while b was down: nothing for b to catch up on")
 	}
 	time.Sleep(300 * time.Millisecond) // in the stream
 
@@ -61,10 +68,19 @@ func TestPoPCatchUpAfterRestart(t *testing.T) {
 		t.Errorf("b restarted, reading the stream over a slow link: /readyz %d %q, want 503 catching up", c, body)
 	}
 	began := time.Now()
-	if c := checkKey(t, b, "region"); c != 429 {
-		t.Errorf("b restarted: the 6th check of the region limit of 5 got %d, want 429 (a admitted 3 while b was down)", c)
+	byB := 0
+	for i := range 3 {
+		if checkKey(t, b, "region") == 200 {
+			byB++
+		}
+		if i == 0 {
+			t.Logf("b's first check after the restart took %v (it waits for the catch-up)", time.Since(began).Round(time.Millisecond))
+		}
 	}
-	t.Logf("b's first check after the restart took %v (it waits for the catch-up)", time.Since(began).Round(time.Millisecond))
+	if 2+byA+byB > 5 {
+		t.Errorf("b restarted admitted %d more of the region limit of 5, after its own 2 and a's %d while it was down: %d in all",
+			byB, byA, 2+byA+byB)
+	}
 	if c := checkKey(t, b, "sw"); c != 200 {
 		t.Errorf("b restarted: a pop-scope check got %d, want 200", c)
 	}
