@@ -71,3 +71,50 @@ func TestFallbackTimeoutsKeepFixedWindows(t *testing.T) {
 		})
 	}
 }
+
+// With ClockRedis the Redis server's clock sets window boundaries; the
+// embedded store must count in the same windows, both when it mirrors
+// Redis's answers and when it decides without Redis. Here Redis's clock is
+// 100 ms ahead of the PoP's: a fixed window of 5 per second is spent through
+// Redis 50 ms before a boundary of the PoP's clock (50 ms after one of
+// Redis's), then Redis goes away and, 100 ms later, the embedded store
+// decides — still inside the same window of Redis's clock, so nothing more
+// may be admitted.
+func TestFallbackCountsInRedisWindows(t *testing.T) {
+	srv := redistest.Start(t)
+	rs := openTestRedis(t, srv.URL(), RedisConfig{Timeout: 50 * time.Millisecond, ClockSource: ClockRedis, ClockInterval: time.Hour})
+	rs.offset.Store(int64(100 * time.Millisecond)) // as if measured: Redis is 100 ms ahead
+	f := NewFallback(rs, NewMemory(MemoryConfig{}), FallbackConfig{Failures: 1, Cooldown: time.Hour})
+	items := []limit.Item{{Key: []byte("fw"), Spec: limit.Spec{Algorithm: limit.FixedWindow, Limit: 5, Window: int64(time.Second)}}}
+	out := make([]limit.Decision, 1)
+	boundary := (time.Now().UnixNano()/int64(time.Second) + 1) * int64(time.Second) // of the PoP's clock
+	admitted := 0
+	at := boundary - int64(50*time.Millisecond)
+	for range 5 {
+		if err := f.CheckAt(context.Background(), at, 1, items, out); err != nil {
+			t.Fatal(err)
+		}
+		if out[0].Allowed {
+			admitted++
+		}
+	}
+	if admitted != 5 || f.Stats().PrimaryDecisions != 5 {
+		t.Fatalf("Redis admitted %d of 5 (stats %+v)", admitted, f.Stats())
+	}
+	srv.Kill()
+	at += int64(100 * time.Millisecond) // the PoP's next window, Redis's same one
+	for range 5 {
+		if err := f.CheckAt(context.Background(), at, 1, items, out); err != nil {
+			t.Fatal(err)
+		}
+		if out[0].Allowed {
+			admitted++
+		}
+	}
+	if f.Stats().FallbackDecisions == 0 {
+		t.Fatalf("no check was decided by the embedded store: %+v", f.Stats())
+	}
+	if admitted != 5 {
+		t.Errorf("admitted %d in one window of 5 of Redis's clock: the embedded store counted in its own windows", admitted)
+	}
+}
