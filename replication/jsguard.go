@@ -22,6 +22,11 @@ import (
 // slots for the next flush, and snapshots carry every own count).
 var ErrJetStreamDiskFull = errors.New("replication: JetStream store: disk full")
 
+// MsgNotAcknowledged is the message of the Replicator's warning (at most
+// once a second) that JetStream did not acknowledge a publish; a caller that
+// knows why (a full JetStream store, StoreGuard) may demote it.
+const MsgNotAcknowledged = "replication: message not acknowledged"
+
 // storeLook is how often a StoreGuard looks at the store's free space.
 const storeLook = time.Second
 

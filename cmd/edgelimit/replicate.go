@@ -170,7 +170,7 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			FlushInterval: f.flush, BitsInterval: f.urgent, SnapshotInterval: f.snapshot, StartSeq: seq, OnApplied: counts.Applied,
 			UnreachableAfter: f.unreachableAfter, PartitionShare: f.partitionShare, SetGlobalShare: h.SetGlobalShare,
 			NoClockSync: !f.clockSync, MaxClockStep: f.maxClockStep, SetClockOffset: h.SetClockOffset,
-			Domains: domains(t), Bounds: h.Bounds, Logger: log.With("component", "replication"),
+			Domains: domains(t), Bounds: h.Bounds, Logger: quietWhileFull(log.With("component", "replication"), guard),
 		})
 		if err != nil {
 			closeAll()
@@ -317,4 +317,37 @@ func (c replicationCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(clockOff, prometheus.GaugeValue, s.ClockOffset.Seconds())
 	ch <- prometheus.MustNewConstMetric(bitLag, prometheus.GaugeValue, s.BitLag.P50.Seconds(), "0.5")
 	ch <- prometheus.MustNewConstMetric(bitLag, prometheus.GaugeValue, s.BitLag.P99.Seconds(), "0.99")
+}
+
+// quietWhileFull demotes the replicator's "message not acknowledged"
+// warnings to debug while guard says the JetStream store is full: the guard
+// has said so once, and every publish fails until space returns.
+func quietWhileFull(log *slog.Logger, guard *replication.StoreGuard) *slog.Logger {
+	if guard == nil {
+		return log
+	}
+	return slog.New(fullDemoter{log.Handler(), guard})
+}
+
+type fullDemoter struct {
+	slog.Handler
+	guard *replication.StoreGuard
+}
+
+func (d fullDemoter) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level == slog.LevelWarn && r.Message == replication.MsgNotAcknowledged && d.guard.Full() != nil {
+		r.Level = slog.LevelDebug
+	}
+	if !d.Handler.Enabled(ctx, r.Level) {
+		return nil
+	}
+	return d.Handler.Handle(ctx, r)
+}
+
+func (d fullDemoter) WithAttrs(as []slog.Attr) slog.Handler {
+	return fullDemoter{d.Handler.WithAttrs(as), d.guard}
+}
+
+func (d fullDemoter) WithGroup(name string) slog.Handler {
+	return fullDemoter{d.Handler.WithGroup(name), d.guard}
 }
