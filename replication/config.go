@@ -213,5 +213,6 @@ func New(cfg Config) (*Replicator, error) {
 		acks:   make(chan ackGroup, 64),
 		quit:   make(chan struct{}),
 		ready:  make(chan struct{}),
+		caught: make(chan struct{}),
 	}, nil
 }

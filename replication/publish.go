@@ -304,7 +304,7 @@ func (r *Replicator) acked(g ackGroup) {
 		if err := g.errs[i]; err != nil {
 			r.publishFailures.Add(1)
 			kind := p.retry.Kind
-			r.limit.log(r.log, logPublish, slog.LevelWarn, "replication: message not acknowledged", "kind", kind.String(), "err", err)
+			r.limit.log(r.log, logPublish, slog.LevelWarn, MsgNotAcknowledged, "kind", kind.String(), "err", err)
 			r.core.Failed(p.retry)
 			continue
 		}

@@ -99,6 +99,11 @@ type Replicator struct {
 
 	running atomic.Bool
 	ready   chan struct{} // closed once the stream consumer runs
+	// caught is closed once the loop applied the stream up to catchUpTo,
+	// the stream's last sequence when the consumer started (CaughtUp).
+	caught     chan struct{}
+	catchUpTo  atomic.Uint64
+	caughtOnce sync.Once
 
 	mu   sync.Mutex // guards core; held only around core calls, never over IO
 	core *core.Core
@@ -234,6 +239,7 @@ func (r *Replicator) loop(ctx context.Context) {
 				if r.cfg.OnApplied != nil {
 					r.cfg.OnApplied(in.streamSeq)
 				}
+				r.noteCaughtUp(in.streamSeq)
 			}
 		case <-issued:
 			r.with(func(c *core.Core) { c.BitsIssued(r.now()) })
@@ -281,6 +287,29 @@ func (r *Replicator) Unreachable(now time.Time, within time.Duration) []string {
 // Ready returns a channel that is closed once the region's stream exists and
 // the Replicator consumes it: from then on, other PoPs' batches are applied.
 func (r *Replicator) Ready() <-chan struct{} { return r.ready }
+
+// CaughtUp returns a channel that is closed once the Replicator has applied
+// its region's stream up to the sequence that was the stream's last when its
+// consumer started: what the other PoPs published before then, while this PoP
+// was down included. A PoP restarted while others admitted decides on
+// their counts only from then on. It stays open while the stream cannot be
+// reached (the caller bounds its wait).
+func (r *Replicator) CaughtUp() <-chan struct{} { return r.caught }
+
+// CatchUp returns the last stream sequence applied and the sequence the
+// Replicator catches up to (0 until its consumer started).
+func (r *Replicator) CatchUp() (applied, target uint64) {
+	return r.lastSeq.Load(), r.catchUpTo.Load()
+}
+
+// noteCaughtUp closes caught once seq reaches the catch-up target. Called by
+// the loop, and by setup once the target is known.
+func (r *Replicator) noteCaughtUp(seq uint64) {
+	if t := r.catchUpTo.Load(); t == 0 || seq < t {
+		return
+	}
+	r.caughtOnce.Do(func() { close(r.caught) })
+}
 
 // Stats returns a copy of the Replicator's counters.
 func (r *Replicator) Stats() Stats {

@@ -53,6 +53,10 @@ type ServerConfig struct {
 	// Logger receives the server's log, debug lines at slog.LevelDebug; nil
 	// discards it.
 	Logger *slog.Logger
+	// Guard, when set, watches the JetStream store for a full disk and gets
+	// JetStream writing again once space returns (StoreGuard). The caller
+	// runs its Run.
+	Guard *StoreGuard
 }
 
 // ClusterConfig makes a server one node of a region's NATS cluster.
@@ -148,8 +152,15 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replication: new NATS server %q: %w", cfg.Name, err)
 	}
-	if cfg.Logger != nil {
-		s.SetLoggerV2(slogAdapter{cfg.Logger.With("nats_server", cfg.Name)}, true, false, false)
+	if cfg.Logger != nil || cfg.Guard != nil {
+		l := cfg.Logger
+		if l == nil {
+			l = slog.New(slog.DiscardHandler)
+		}
+		s.SetLoggerV2(slogAdapter{l.With("nats_server", cfg.Name), cfg.Guard}, true, false, false)
+	}
+	if cfg.Guard != nil {
+		cfg.Guard.attach(s, opts)
 	}
 	s.Start()
 	if err := WaitReady(s, 10*time.Second); err != nil {
@@ -269,12 +280,24 @@ func WaitReady(s *server.Server, timeout time.Duration) error {
 	}
 }
 
-// slogAdapter is a server.Logger that writes to a slog.Logger.
-type slogAdapter struct{ l *slog.Logger }
+// slogAdapter is a server.Logger that writes to a slog.Logger. With a
+// guard, the guard sees every warning and error first (StoreGuard).
+type slogAdapter struct {
+	l     *slog.Logger
+	guard *StoreGuard
+}
 
 func (a slogAdapter) Noticef(format string, v ...any) { a.l.Info(fmt.Sprintf(format, v...)) }
-func (a slogAdapter) Warnf(format string, v ...any)   { a.l.Warn(fmt.Sprintf(format, v...)) }
-func (a slogAdapter) Fatalf(format string, v ...any)  { a.l.Error(fmt.Sprintf(format, v...)) }
-func (a slogAdapter) Errorf(format string, v ...any)  { a.l.Error(fmt.Sprintf(format, v...)) }
-func (a slogAdapter) Debugf(format string, v ...any)  { a.l.Debug(fmt.Sprintf(format, v...)) }
-func (a slogAdapter) Tracef(format string, v ...any)  { a.l.Debug(fmt.Sprintf(format, v...)) }
+func (a slogAdapter) Warnf(format string, v ...any)   { a.problem(slog.LevelWarn, format, v) }
+func (a slogAdapter) Fatalf(format string, v ...any)  { a.problem(slog.LevelError, format, v) }
+func (a slogAdapter) Errorf(format string, v ...any)  { a.problem(slog.LevelError, format, v) }
+
+func (a slogAdapter) problem(level slog.Level, format string, v []any) {
+	msg := fmt.Sprintf(format, v...)
+	if a.guard != nil && a.guard.serverLine(msg) {
+		level = slog.LevelDebug
+	}
+	a.l.Log(context.Background(), level, msg)
+}
+func (a slogAdapter) Debugf(format string, v ...any) { a.l.Debug(fmt.Sprintf(format, v...)) }
+func (a slogAdapter) Tracef(format string, v ...any) { a.l.Debug(fmt.Sprintf(format, v...)) }

@@ -97,8 +97,9 @@ func (r *Replicator) startConsumer(ctx context.Context) (jetstream.ConsumeContex
 		return nil, fmt.Errorf("replication: create or update stream %s: %w", r.stream, err)
 	}
 	occ := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
+	last := stream.CachedInfo().State.LastSeq
 	if start := r.cfg.StartSeq; start > 0 {
-		if last := stream.CachedInfo().State.LastSeq; start > last {
+		if start > last {
 			r.log.Warn("replication: resume position is past the end of the stream (was it recreated?); reading it all",
 				"stream", r.stream, "start_seq", start, "last_seq", last)
 		} else {
@@ -118,7 +119,9 @@ func (r *Replicator) startConsumer(ctx context.Context) (jetstream.ConsumeContex
 	if err != nil {
 		return nil, fmt.Errorf("replication: consume %s: %w", r.stream, err)
 	}
-	r.log.Info("replication: consuming stream", "stream", r.stream, "deliver", occ.DeliverPolicy.String(), "from_seq", occ.OptStartSeq)
+	r.log.Info("replication: consuming stream", "stream", r.stream, "deliver", occ.DeliverPolicy.String(), "from_seq", occ.OptStartSeq,
+		"catch_up_to_seq", last)
+	r.setCatchUp(last, max(occ.OptStartSeq, 1))
 	return cc, nil
 }
 
@@ -198,5 +201,20 @@ func (r *Replicator) watchSources(ctx context.Context) {
 			}
 		}
 		r.stalledSources.Store(int64(len(direct)))
+	}
+}
+
+// setCatchUp sets what CaughtUp waits for: the stream's last sequence when
+// the consumer started, last, read from sequence from on. With nothing to
+// read (last < from, an empty stream included) the Replicator is caught up
+// at once. Only the first call counts: the target is the stream's end when
+// this PoP started.
+func (r *Replicator) setCatchUp(last, from uint64) {
+	if last < from {
+		r.caughtOnce.Do(func() { close(r.caught) })
+		return
+	}
+	if r.catchUpTo.CompareAndSwap(0, last) {
+		r.noteCaughtUp(r.lastSeq.Load())
 	}
 }

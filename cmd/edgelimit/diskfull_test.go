@@ -21,6 +21,13 @@ import (
 func mountTmpfs(t *testing.T, sizeMiB int) string {
 	t.Helper()
 	dir := t.TempDir()
+	mountTmpfsAt(t, dir, sizeMiB)
+	return dir
+}
+
+// mountTmpfsAt is mountTmpfs on the directory dir, which must exist.
+func mountTmpfsAt(t *testing.T, dir string, sizeMiB int) {
+	t.Helper()
 	out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+strconv.Itoa(sizeMiB)+"m", "tmpfs", dir).CombinedOutput()
 	if err != nil {
 		if os.Getenv("CI") == "true" {
@@ -33,7 +40,6 @@ func mountTmpfs(t *testing.T, sizeMiB int) string {
 			t.Errorf("umount %s: %v %s", dir, err, out)
 		}
 	})
-	return dir
 }
 
 // fillDisk writes a file until the filesystem is full.

@@ -40,6 +40,13 @@ func freeAddr(t *testing.T) string {
 // startPoP runs `edgelimit pop` and waits until it serves checks.
 func startPoP(t *testing.T, bin string, args ...string) *exec.Cmd {
 	t.Helper()
+	cmd, _ := startPoPLog(t, bin, args...)
+	return cmd
+}
+
+// startPoPLog is startPoP, and also returns the file the PoP logs to.
+func startPoPLog(t *testing.T, bin string, args ...string) (*exec.Cmd, string) {
+	t.Helper()
 	cmd := exec.Command(bin, append([]string{"pop"}, args...)...)
 	logf, err := os.Create(filepath.Join(t.TempDir(), "pop.log"))
 	if err != nil {
@@ -65,7 +72,7 @@ func startPoP(t *testing.T, bin string, args ...string) *exec.Cmd {
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return cmd
+				return cmd, logf.Name()
 			}
 		}
 		if time.Now().After(deadline) {

@@ -98,6 +98,8 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&repl.natsNKey, "nats-nkey", "", "NATS nkey seed `file`: this PoP's own credential ('edgelimit natsconf' writes one per PoP)")
 	fs.StringVar(&repl.natsCA, "nats-ca", "", "CA `file` for NATS over TLS (the same as --nats-tls-ca)")
 	repl.natsAuthFlags(fs)
+	fs.DurationVar(&repl.catchUp, "catchup-timeout", 5*time.Second, "a restarted replicated PoP fails /readyz until it has applied its region's stream up to where it ended\nwhen the PoP started (what the others admitted while it was down); after this long it serves anyway and logs why")
+	fs.BoolVar(&cfg.HoldReplicated, "catchup-hold", true, "while catching up (--catchup-timeout), checks of region and global limits wait for it (pop-scope ones never wait);\nfalse decides them at once on what the PoP knows")
 	fs.IntVar(&repl.natsListen, "nats-port", -1, "client port of the embedded NATS server (-1: a free port)")
 	fs.IntVar(&repl.leafListen, "nats-leaf-port", 0, "embedded NATS: accept other regions' leaf connections on this port (the hub region; 0: none)")
 	fs.Var(&repl.leafRemotes, "nats-leaf-remote", "embedded NATS: connect to the hub region's leaf `URL` (nats-leaf://host:port), comma-separated or repeated")

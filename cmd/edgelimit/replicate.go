@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -38,6 +39,7 @@ type replFlags struct {
 	clockSync             bool
 	maxClockStep          time.Duration
 	unreachableAfter      time.Duration
+	catchUp               time.Duration
 }
 
 // domains names each region's JetStream domain after the region: regions are
@@ -82,6 +84,9 @@ func (f *replFlags) validate() (replication.Topology, error) {
 	if f.unreachableAfter <= 0 {
 		return t, fmt.Errorf("--unreachable-after must be > 0, got %v", f.unreachableAfter)
 	}
+	if f.catchUp < 0 {
+		return t, fmt.Errorf("--catchup-timeout must be >= 0, got %v", f.catchUp)
+	}
 	if f.maxClockStep <= 0 {
 		return t, fmt.Errorf("--max-clock-step must be > 0, got %v", f.maxClockStep)
 	}
@@ -99,19 +104,19 @@ func (f *replFlags) validate() (replication.Topology, error) {
 // replicator returns the node's Replicate hook: restore the store from
 // Pebble, connect to NATS (an embedded server unless --nats names one), and
 // run the replicator with every delta persisted before it is published.
-func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.Logger) func(context.Context, node.ReplicaHooks) (func() error, error) {
+func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.Logger) func(context.Context, node.ReplicaHooks) (func() error, func() error, error) {
 	dataDir := dur.dir
-	return func(ctx context.Context, h node.ReplicaHooks) (func() error, error) {
+	return func(ctx context.Context, h node.ReplicaHooks) (func() error, func() error, error) {
 		store, bits, reg := h.Counts, h.Bits, h.Registerer
 		db, err := dur.open() // the directory the durable hook opened: one Pebble store
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		counts := replication.NewPersisted(store, db, log)
 		seq, err := counts.RestoreFrom()
 		if err != nil {
 			dur.release()
-			return nil, err
+			return nil, nil, err
 		}
 		var cleanup []func()
 		closeAll := func() {
@@ -120,10 +125,14 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			}
 			dur.release()
 		}
+		var guard *replication.StoreGuard
 		url := f.natsURL
 		if url == "" {
+			// The stream's store is on the --data disk too: the same
+			// minimum of free space guards it.
+			guard = replication.NewStoreGuard(dur.minFree, log.With("component", "nats-store"))
 			cfg := replication.ServerConfig{Name: f.pop, Dir: filepath.Join(dataDir, "nats"), Host: f.natsHost, Port: f.natsListen,
-				Domain: f.region, Users: f.natsUsers, Logger: log.With("component", "nats")}
+				Domain: f.region, Users: f.natsUsers, Logger: log.With("component", "nats"), Guard: guard}
 			if f.leafListen != 0 || len(f.leafRemotes.values) > 0 {
 				cfg.Leaf = &replication.LeafConfig{Port: f.leafListen}
 				for _, u := range f.leafRemotes.values { // one hub region's server per URL
@@ -133,13 +142,18 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			srv, err := replication.StartServer(cfg)
 			if err != nil {
 				closeAll()
-				return nil, fmt.Errorf("embedded NATS: %w", err)
+				return nil, nil, fmt.Errorf("embedded NATS: %w", err)
 			}
 			cleanup = append(cleanup, srv.Shutdown)
 			if err := replication.WaitReady(srv, 10*time.Second); err != nil {
 				closeAll()
-				return nil, fmt.Errorf("embedded NATS: %w", err)
+				return nil, nil, fmt.Errorf("embedded NATS: %w", err)
 			}
+			gctx, stopGuard := context.WithCancel(ctx)
+			guardDone := make(chan struct{})
+			go func() { defer close(guardDone); guard.Run(gctx) }()
+			cleanup = append(cleanup, func() { stopGuard(); <-guardDone })
+			registerStoreGuard(reg, guard)
 			url = srv.ClientURL()
 			log.Info("embedded NATS serving", "url", url, "domain", f.region)
 		}
@@ -148,7 +162,7 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			Logger: log.With("component", "nats-client")})
 		if err != nil {
 			closeAll()
-			return nil, fmt.Errorf("nats %s: %w", url, err)
+			return nil, nil, fmt.Errorf("nats %s: %w", url, err)
 		}
 		cleanup = append(cleanup, nc.Close)
 		r, err := replication.New(replication.Config{
@@ -156,21 +170,102 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			FlushInterval: f.flush, BitsInterval: f.urgent, SnapshotInterval: f.snapshot, StartSeq: seq, OnApplied: counts.Applied,
 			UnreachableAfter: f.unreachableAfter, PartitionShare: f.partitionShare, SetGlobalShare: h.SetGlobalShare,
 			NoClockSync: !f.clockSync, MaxClockStep: f.maxClockStep, SetClockOffset: h.SetClockOffset,
-			Domains: domains(t), Bounds: h.Bounds, Logger: log.With("component", "replication"),
+			Domains: domains(t), Bounds: h.Bounds, Logger: quietWhileFull(log.With("component", "replication"), guard),
 		})
 		if err != nil {
 			closeAll()
-			return nil, err
+			return nil, nil, err
 		}
 		reg.MustRegister(replicationCollector{r})
 		log.Info("replicating", "region", f.region, "pop", f.pop, "regions", len(t.Regions), "resume_after_seq", seq)
-		return func() error {
+		catchUp := waitCatchUp(ctx, r, f.catchUp, h.CaughtUp, log)
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "edgelimit_replication_catching_up",
+			Help: "1 while a starting PoP has not yet applied what the other PoPs published before it started (--catchup-timeout): /readyz fails and, with --catchup-hold, checks of region and global limits wait.",
+		}, func() float64 {
+			if catchUp() != nil {
+				return 1
+			}
+			return 0
+		}))
+		run := func() error {
 			defer closeAll()
 			err := r.Run(ctx)
 			_ = counts.Save(counts.Delta()) // one last save of what was counted
 			return err
-		}, nil
+		}
+		ready := func() error {
+			if err := catchUp(); err != nil {
+				return err
+			}
+			if guard != nil {
+				return guard.Full()
+			}
+			return nil
+		}
+		return run, ready, nil
 	}
+}
+
+// waitCatchUp waits, in the background, until r has caught up on its
+// region's stream (Replicator.CaughtUp) or timeout has passed, then calls
+// caughtUp once. It returns a readiness check: an error naming how far the
+// PoP has read while it waits, nil after. When the wait times out, it logs
+// why the PoP serves anyway.
+func waitCatchUp(ctx context.Context, r *replication.Replicator, timeout time.Duration, caughtUp func(), log *slog.Logger) func() error {
+	var done atomic.Bool
+	if timeout == 0 {
+		done.Store(true)
+		caughtUp()
+		return func() error { return nil }
+	}
+	began := time.Now()
+	go func() {
+		defer func() { done.Store(true); caughtUp() }()
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		select {
+		case <-r.CaughtUp():
+			applied, target := r.CatchUp()
+			log.Info("replication: caught up on the stream", "applied_seq", applied, "target_seq", target,
+				"took", time.Since(began).Round(time.Millisecond).String())
+		case <-t.C:
+			applied, target := r.CatchUp()
+			reason := "the stream is read up to applied_seq of target_seq"
+			if target == 0 {
+				reason = "the stream's consumer has not started (NATS unreachable or slow)"
+			}
+			log.Warn("replication: serving before catching up on the stream; checks of region and global limits may admit "+
+				"what the other PoPs admitted while this one was down", "catchup_timeout", timeout.String(), "why", reason,
+				"applied_seq", applied, "target_seq", target)
+		case <-ctx.Done():
+		}
+	}()
+	return func() error {
+		if done.Load() {
+			return nil
+		}
+		applied, target := r.CatchUp()
+		return fmt.Errorf("catching up on the stream: applied sequence %d of %d (waits at most --catchup-timeout %v)", applied, target, timeout)
+	}
+}
+
+// registerStoreGuard exports the embedded NATS server's JetStream store guard.
+func registerStoreGuard(reg prometheus.Registerer, g *replication.StoreGuard) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "edgelimit_jetstream_disk_full",
+			Help: "1 while the embedded NATS server's JetStream store cannot write (free space under --data-min-free-mib, or ENOSPC met): the PoP decides from its own store, /readyz fails, and its counts are published once space returns.",
+		}, func() float64 {
+			if g.Full() != nil {
+				return 1
+			}
+			return 0
+		}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "edgelimit_jetstream_restarts_total", Help: "JetStream restarts of the embedded NATS server once space returned after ENOSPC (nats-server writes no more to a stream that met ENOSPC until then).",
+		}, func() float64 { return float64(g.Stats().Restarts) }),
+	)
 }
 
 // replicationCollector exports a Replicator's Stats to Prometheus when scraped.
@@ -222,4 +317,37 @@ func (c replicationCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(clockOff, prometheus.GaugeValue, s.ClockOffset.Seconds())
 	ch <- prometheus.MustNewConstMetric(bitLag, prometheus.GaugeValue, s.BitLag.P50.Seconds(), "0.5")
 	ch <- prometheus.MustNewConstMetric(bitLag, prometheus.GaugeValue, s.BitLag.P99.Seconds(), "0.99")
+}
+
+// quietWhileFull demotes the replicator's "message not acknowledged"
+// warnings to debug while guard says the JetStream store is full: the guard
+// has said so once, and every publish fails until space returns.
+func quietWhileFull(log *slog.Logger, guard *replication.StoreGuard) *slog.Logger {
+	if guard == nil {
+		return log
+	}
+	return slog.New(fullDemoter{log.Handler(), guard})
+}
+
+type fullDemoter struct {
+	slog.Handler
+	guard *replication.StoreGuard
+}
+
+func (d fullDemoter) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level == slog.LevelWarn && r.Message == replication.MsgNotAcknowledged && d.guard.Full() != nil {
+		r.Level = slog.LevelDebug
+	}
+	if !d.Handler.Enabled(ctx, r.Level) {
+		return nil
+	}
+	return d.Handler.Handle(ctx, r)
+}
+
+func (d fullDemoter) WithAttrs(as []slog.Attr) slog.Handler {
+	return fullDemoter{d.Handler.WithAttrs(as), d.guard}
+}
+
+func (d fullDemoter) WithGroup(name string) slog.Handler {
+	return fullDemoter{d.Handler.WithGroup(name), d.guard}
 }

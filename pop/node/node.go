@@ -93,8 +93,16 @@ type Config struct {
 	// Replicate, when set, wires the store to replication (cmd supplies it;
 	// pop does not import replication). It is called before the PoP serves
 	// its first check, so that it can restore durable state into the store,
-	// and returns the function that runs replication until ctx ends.
-	Replicate func(ctx context.Context, h ReplicaHooks) (run func() error, err error)
+	// and returns the function that runs replication until ctx ends and a
+	// readiness check (/readyz fails while it returns an error: the stream's
+	// disk is full, or a restarted PoP has not caught up yet); ready may be
+	// nil.
+	Replicate func(ctx context.Context, h ReplicaHooks) (run func() error, ready func() error, err error)
+	// HoldReplicated makes checks of region and global items wait, with
+	// Replicate, until it calls ReplicaHooks.CaughtUp (or the request's
+	// context ends): a restarted PoP then decides them on the other PoPs'
+	// counts, not on its own alone. Checks of pop-scope items never wait.
+	HoldReplicated bool
 	// Durable, when set, makes the embedded store's own table durable (cmd
 	// supplies it: it opens Pebble under DataDir; pop does not import
 	// replication). It is called before the PoP serves its first check and
@@ -163,6 +171,11 @@ type ReplicaHooks struct {
 	// SetClockOffset moves the clock the PoP decides on by the correction
 	// the PoPs agreed on (pop.Engine.SetClockOffset, and the store's).
 	SetClockOffset func(time.Duration)
+	// CaughtUp is called once the PoP has applied what the other PoPs
+	// published while it was down, or has stopped waiting for it: with
+	// Config.HoldReplicated, checks of region and global items wait until
+	// then. Calling it again does nothing.
+	CaughtUp func()
 }
 
 // DurableHooks is what the node hands to Config.Durable.
@@ -245,6 +258,12 @@ func Run(ctx context.Context, cfg Config) error {
 		go every(interval, stop, func(now int64) { health.probe(time.Unix(0, now)) })
 	}
 
+	var hold *holdStore
+	if cfg.Replicate != nil && cfg.HoldReplicated {
+		hold = newHoldStore(st)
+		st = hold
+		defer hold.release() // whatever happens, nothing waits past Run
+	}
 	eng := pop.NewEngine(st, set, metrics)
 	eng.SetCountDenied(cfg.CountDeniedHits)
 	var top *topkeys.Sketch
@@ -309,12 +328,28 @@ func Run(ctx context.Context, cfg Config) error {
 				c.SetClockOffset(d)
 			}
 		}
-		run, err := cfg.Replicate(ctx, ReplicaHooks{Counts: counts, Bits: mit, Registerer: reg, SetGlobalShare: eng.SetGlobalShare, SetClockOffset: setClock,
-			Bounds: eng.ReplicaBounds()})
+		run, replReady, err := cfg.Replicate(ctx, ReplicaHooks{Counts: counts, Bits: mit, Registerer: reg, SetGlobalShare: eng.SetGlobalShare, SetClockOffset: setClock,
+			Bounds: eng.ReplicaBounds(), CaughtUp: func() {
+				if hold != nil {
+					hold.release()
+				}
+			}})
 		if err != nil {
 			return fmt.Errorf("replication: %w", err)
 		}
 		go func() { replErr <- run() }()
+		if replReady != nil {
+			storeReady := ready
+			ready = func() error {
+				if err := storeReady(); err != nil {
+					return err
+				}
+				if err := replReady(); err != nil {
+					return fmt.Errorf("replication: %w", err)
+				}
+				return nil
+			}
+		}
 	}
 	// The watcher's first look loads the files again (the same rules, unless
 	// they changed since the load above) and swaps them in.
@@ -378,7 +413,7 @@ func Run(ctx context.Context, cfg Config) error {
 		// The rules loaded before serving; the health service follows the
 		// store's readiness, as /readyz does.
 		gsrv.SetServing(ready() == nil)
-		if ping != nil || cfg.Durable != nil {
+		if ping != nil || cfg.Durable != nil || cfg.Replicate != nil {
 			stop := make(chan struct{})
 			defer close(stop)
 			go every(time.Second, stop, func(int64) { gsrv.SetServing(ready() == nil) })

@@ -202,7 +202,7 @@ func (f *Fallback) CheckAt(ctx context.Context, now, hits int64, items []limit.I
 			f.primaryDecisions.Add(1)
 			f.succeeded(probe)
 			if r, ok := f.secondary.(reconciler); ok && hits > 0 {
-				f.reconcile(r, now, hits, items, out)
+				f.reconcile(r, f.decisionTime(now), hits, items, out)
 			}
 			return nil
 		case errors.Is(err, ErrInvalidCheck):
@@ -224,7 +224,20 @@ func (f *Fallback) CheckAt(ctx context.Context, now, hits int64, items []limit.I
 		f.primaryErrors.Add(1)
 		f.failed(probe)
 	}
-	return f.fallback(ctx, now, hits, items, out)
+	return f.fallback(ctx, f.decisionTime(now), hits, items, out)
+}
+
+// decisionTime is the instant the primary decides a check given now at, on
+// its clock (Redis.DecisionTime with ClockRedis). The secondary decides and
+// mirrors at the same instant: on its own clock it would count the hits
+// around each boundary in the other window than the primary did, and a
+// window could admit up to twice its limit across a breaker trip
+// (TestFallbackCountsInRedisWindows).
+func (f *Fallback) decisionTime(now int64) int64 {
+	if c, ok := f.primary.(interface{ DecisionTime(int64) int64 }); ok {
+		return c.DecisionTime(now)
+	}
+	return now
 }
 
 // route says whether this check may use the primary, and whether it is the

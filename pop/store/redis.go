@@ -403,6 +403,18 @@ func (s *Redis) Check(ctx context.Context, hits int64, items []limit.Item, out [
 	return s.CheckAt(ctx, s.cfg.Clock(), hits, items, out)
 }
 
+// DecisionTime is the instant a check given local now is decided at, on the
+// clock that sets window boundaries: now plus the measured offset with
+// ClockRedis, now with ClockLocal. A Fallback decides and mirrors its
+// secondary's checks at the same instant, so that both count in the same
+// windows.
+func (s *Redis) DecisionTime(now int64) int64 {
+	if s.cfg.ClockSource == ClockRedis {
+		return now + s.offset.Load()
+	}
+	return now
+}
+
 // ClockOffset reports the offset ClockRedis applies (server clock minus
 // local clock) and whether it has been measured yet.
 func (s *Redis) ClockOffset() (time.Duration, bool) {
@@ -428,9 +440,7 @@ func (s *Redis) CheckAt(ctx context.Context, now, hits int64, items []limit.Item
 	if s.closed.Load() {
 		return ErrClosed
 	}
-	if s.cfg.ClockSource == ClockRedis {
-		now += s.offset.Load()
-	}
+	now = s.DecisionTime(now)
 	if err := validateRedisCheck(now, hits, items, out); err != nil {
 		return err
 	}
