@@ -11,10 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/edgelimit/edgelimit/pop/quota"
-	"github.com/edgelimit/edgelimit/pop/quota/pgtest"
 )
 
 // TestLoadMillion measures what a PoP pays to hold a million quotas: the
@@ -30,17 +27,7 @@ func TestLoadMillion(t *testing.T) {
 		n, _ = strconv.Atoi(s)
 	}
 	ctx := context.Background()
-	url := pgtest.Database(t)
-	p, err := quota.OpenPostgres(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	p, conn := openWithConn(t)
 	// Half the keys have a tier only, half an override too: 1.5 rows a key.
 	start := time.Now()
 	if _, err := conn.Exec(ctx, `INSERT INTO quota_overrides (api_key, descriptor, tier)

@@ -333,17 +333,7 @@ func TestDamagedSnapshot(t *testing.T) {
 // every override, exactly as a Get (which reads in key order) sees it.
 func TestPostgresLoadOfScatteredRows(t *testing.T) {
 	ctx := context.Background()
-	url := pgtest.Database(t)
-	p, err := quota.OpenPostgres(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	p, conn := openWithConn(t)
 	// Inserted in this order, so a seq scan returns them so: a's and c's
 	// overrides come before, between and after other keys' rows.
 	for _, row := range [][]any{
@@ -400,4 +390,23 @@ func TestBulkLoadRestoresGCPercent(t *testing.T) {
 	if got := debug.SetGCPercent(137); got != 137 {
 		t.Fatalf("after both loads the target is %d, want the 137 they found", got)
 	}
+}
+
+// openWithConn opens the quota store on a database of its own, and a plain
+// connection to it for the test to write rows with; both close at the end.
+func openWithConn(t *testing.T) (*quota.Postgres, *pgx.Conn) {
+	t.Helper()
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	p, err := quota.OpenPostgres(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(ctx) })
+	return p, conn
 }

@@ -45,26 +45,14 @@ func (t *table) home(h uint64) int {
 
 // find returns the quota held for key, whose hash is h, and whether there is
 // one.
-func (t *table) find(h uint64, key string) (*Quota, bool) {
-	if t.n == 0 {
-		return nil, false
-	}
-	for i := t.home(h); ; {
-		s := &t.slots[i]
-		if s.q == nil {
-			return nil, false
-		}
-		if s.hash == h && s.key == key {
-			return s.q, true
-		}
-		if i++; i == len(t.slots) {
-			i = 0
-		}
-	}
-}
+func (t *table) find(h uint64, key string) (*Quota, bool) { return findIn(t, h, key) }
 
 // findBytes is find of a key held as bytes; it does not allocate.
-func (t *table) findBytes(h uint64, key []byte) (*Quota, bool) {
+func (t *table) findBytes(h uint64, key []byte) (*Quota, bool) { return findIn(t, h, key) }
+
+// findIn is find for a key held as a string or as bytes: comparing
+// string(key) with a string does not allocate.
+func findIn[K string | []byte](t *table, h uint64, key K) (*Quota, bool) {
 	if t.n == 0 {
 		return nil, false
 	}
