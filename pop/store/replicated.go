@@ -107,10 +107,6 @@ func (c *replicaClock) heard(now, sent int64) {
 	c.sent, c.recv = sent, now
 }
 
-// silence is how old what the replica last told us is, uncapped: the
-// stamp-to-apply delay plus the time since.
-func (c *replicaClock) silence(now int64) float64 { return max(float64(now-c.recv)+c.lag, 0) }
-
 // age is how old, at now, what the replica last told us probably is: the
 // stamp-to-apply delay plus the time since, but at most one usual gap and
 // reach more than that delay — past the gap, the replica would have sent
@@ -121,7 +117,8 @@ func (c *replicaClock) age(now int64, reach float64) float64 {
 	if c.gap == 0 {
 		reach = 0
 	}
-	return min(c.silence(now), c.gap+c.lag+reach)
+	a := float64(now-c.recv) + c.lag
+	return min(max(a, 0), c.gap+c.lag+reach)
 }
 
 type unitCounts struct {
