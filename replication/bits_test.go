@@ -1,6 +1,7 @@
 package replication_test
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -347,8 +348,15 @@ func TestBitsSnapshot(t *testing.T) {
 		t.Errorf("par1: applied %d bits, %d from snapshots; want all from snapshots", st.AppliedBits, st.AppliedSnapshotBits)
 	}
 	t.Logf("a PoP started past the batch learned the bit from a snapshot %v after it started", took)
-	if n := fra.rep.Stats().PublishedSnapshotBits; n == 0 {
-		t.Error("fra1: published no snapshot bits")
+	// fra1 counts a snapshot published once the stream has acknowledged it,
+	// which can be after par1 has read it.
+	if _, err := waitFor(time.Second, func() error {
+		if fra.rep.Stats().PublishedSnapshotBits == 0 {
+			return errors.New("fra1: published no snapshot bits")
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
 	}
 }
 
