@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -35,6 +37,33 @@ func buildBinary(t *testing.T) string {
 func freeAddr(t *testing.T) string {
 	t.Helper()
 	return poptest.FreeAddr(t)
+}
+
+// freeBase returns the first of n consecutive loopback ports free now, for
+// `edgelimit demo --base-port`, which listens on the base and the ports after
+// it. The run is taken below the kernel's ephemeral range (32768 and up on
+// Linux), where the client side of every other test's connections keeps
+// taking ports: a base from that range lost a later port of its run to one
+// now and then ("bind: address already in use", TestDemo).
+func freeBase(t *testing.T, n int) string {
+	t.Helper()
+	for range 200 {
+		base := 20000 + rand.IntN(12000-n)
+		free := true
+		for p := base; p < base+n && free; p++ {
+			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+			if err != nil {
+				free = false
+				continue
+			}
+			ln.Close()
+		}
+		if free {
+			return strconv.Itoa(base)
+		}
+	}
+	t.Fatalf("no %d consecutive free ports in 20000–32000", n)
+	return ""
 }
 
 // startPoP runs `edgelimit pop` and waits until it serves checks.
@@ -157,7 +186,7 @@ func TestDemo(t *testing.T) {
 	dir := t.TempDir()
 	rules := filepath.Join(dir, "rules.yaml")
 	os.WriteFile(rules, []byte("domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: hour, requests_per_unit: 6, scope: global}\n"), 0o644)
-	port := strings.Split(freeAddr(t), ":")[1]
+	port := freeBase(t, 4)
 	cmd := exec.Command(bin, "demo", "--rules", rules, "--regions", "eu,us", "--pops", "2", "--base-port", port, "--data", filepath.Join(dir, "demo"))
 	cmd.Env = demoEnv()
 	stdout, _ := cmd.StdoutPipe()

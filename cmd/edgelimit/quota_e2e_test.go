@@ -181,7 +181,7 @@ func TestDemoQuotaPropagation(t *testing.T) {
 	url := pgtest.Database(t)
 	rules, token := writeQuotaFiles(t)
 	dir := t.TempDir()
-	port := strings.Split(freeAddr(t), ":")[1]
+	port := freeBase(t, 6)
 	cmd := exec.Command(bin, "demo", "--rules", rules, "--regions", "eu,us,ap", "--pops", "2", "--base-port", port,
 		"--data", filepath.Join(dir, "demo"), "--quotas", url, "--admin-token-file", token)
 	cmd.Env = demoEnv()
