@@ -82,8 +82,12 @@ func newDiskGuard(fs vfs.FS, dir string, opts *DBOptions) *diskGuard {
 
 // avail returns the free bytes of the filesystem, and false when it cannot
 // tell (an in-memory FS in tests): then the guard checks nothing.
-func (g *diskGuard) avail() (int64, bool) {
-	u, err := g.fs.GetDiskUsage(g.dir)
+func (g *diskGuard) avail() (int64, bool) { return freeSpace(g.fs, g.dir) }
+
+// freeSpace returns the free bytes of the filesystem dir is on, and false
+// when fs cannot tell. Both guards, Pebble's and JetStream's, look with it.
+func freeSpace(fs vfs.FS, dir string) (int64, bool) {
+	u, err := fs.GetDiskUsage(dir)
 	if err != nil {
 		return 0, false
 	}

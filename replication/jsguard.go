@@ -141,11 +141,8 @@ func (g *StoreGuard) look() {
 	if g.srv == nil {
 		return
 	}
-	avail, known := uint64(0), false
-	if u, err := vfs.Default.GetDiskUsage(g.dir); err == nil {
-		avail, known = u.AvailBytes, true
-	}
-	low := known && g.minFree > 0 && avail < uint64(g.minFree)
+	avail, known := freeSpace(vfs.Default, g.dir)
+	low := known && g.minFree > 0 && avail < g.minFree
 	hit := g.noSpace.Swap(false)
 	off := !g.srv.JetStreamEnabled() && g.srv.Running()
 	if !g.full.Load() {

@@ -102,15 +102,10 @@ func (d *durable) hook(ctx context.Context, h node.DurableHooks) (func() error, 
 
 func registerDurable(reg prometheus.Registerer, db *replication.DB, k *replication.Keeper) {
 	reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		errorGauge(prometheus.GaugeOpts{
 			Name: "edgelimit_durable_disk_full",
 			Help: "1 while the data directory's disk has less free space than --data-min-free-mib and the PoP saves nothing (it decides from memory; /readyz fails).",
-		}, func() float64 {
-			if db.DiskFull() != nil {
-				return 1
-			}
-			return 0
-		}),
+		}, db.DiskFull),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "edgelimit_durable_saves_total", Help: "Saves of the PoP's own table to the data directory.",
 		}, func() float64 { return float64(k.Stats().Saves) }),

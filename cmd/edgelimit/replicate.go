@@ -179,15 +179,10 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 		reg.MustRegister(replicationCollector{r})
 		log.Info("replicating", "region", f.region, "pop", f.pop, "regions", len(t.Regions), "resume_after_seq", seq)
 		catchUp := waitCatchUp(ctx, r, f.catchUp, h.CaughtUp, log)
-		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		reg.MustRegister(errorGauge(prometheus.GaugeOpts{
 			Name: "edgelimit_replication_catching_up",
 			Help: "1 while a starting PoP has not yet applied what the other PoPs published before it started (--catchup-timeout): /readyz fails and, with --catchup-hold, checks of region and global limits wait.",
-		}, func() float64 {
-			if catchUp() != nil {
-				return 1
-			}
-			return 0
-		}))
+		}, catchUp))
 		run := func() error {
 			defer closeAll()
 			err := r.Run(ctx)
@@ -250,18 +245,24 @@ func waitCatchUp(ctx context.Context, r *replication.Replicator, timeout time.Du
 	}
 }
 
+// errorGauge is a gauge that reads 1 while cond returns an error, else 0: a
+// condition that also fails /readyz (a full disk, a PoP catching up).
+func errorGauge(opts prometheus.GaugeOpts, cond func() error) prometheus.GaugeFunc {
+	return prometheus.NewGaugeFunc(opts, func() float64 {
+		if cond() != nil {
+			return 1
+		}
+		return 0
+	})
+}
+
 // registerStoreGuard exports the embedded NATS server's JetStream store guard.
 func registerStoreGuard(reg prometheus.Registerer, g *replication.StoreGuard) {
 	reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		errorGauge(prometheus.GaugeOpts{
 			Name: "edgelimit_jetstream_disk_full",
 			Help: "1 while the embedded NATS server's JetStream store cannot write (free space under --data-min-free-mib, or ENOSPC met): the PoP decides from its own store, /readyz fails, and its counts are published once space returns.",
-		}, func() float64 {
-			if g.Full() != nil {
-				return 1
-			}
-			return 0
-		}),
+		}, g.Full),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "edgelimit_jetstream_restarts_total", Help: "JetStream restarts of the embedded NATS server once space returned after ENOSPC (nats-server writes no more to a stream that met ENOSPC until then).",
 		}, func() float64 { return float64(g.Stats().Restarts) }),
