@@ -22,10 +22,7 @@ import (
 func runGRPC(ctx context.Context, t *target) (Report, error) {
 	cfg := &t.cfg
 	workers := make([]*worker, cfg.Concurrency)
-	nconns := cfg.GRPCConns
-	if nconns == 0 {
-		nconns = cfg.Concurrency
-	}
+	nconns := cfg.grpcConns()
 	conns := make([]*grpc.ClientConn, nconns)
 	defer func() {
 		for _, c := range conns {
@@ -51,56 +48,81 @@ func runGRPC(ctx context.Context, t *target) (Report, error) {
 		return Report{}, fmt.Errorf("loadgen: cannot call %s: %w", t.addr, err)
 	}
 
-	// The run ends by cancellation, not a deadline, so that a call cut
-	// off by the end is told apart from one that timed out.
+	calls := make([]func(context.Context) (int, error), len(workers))
+	for i := range workers {
+		client := rlsv3.NewRateLimitServiceClient(conns[i%nconns])
+		next := values(cfg, i)
+		var val []byte
+		calls[i] = func(ctx context.Context) (int, error) {
+			val = next(val[:0])
+			resp, err := client.ShouldRateLimit(ctx, request(cfg, string(val)))
+			if err != nil {
+				return 0, err
+			}
+			if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+				return 429, nil
+			}
+			return 200, nil
+		}
+	}
+	return callLoop(ctx, cfg, workers, calls, nil), nil
+}
+
+// grpcConns is how many connections the gRPC calls spread over: GRPCConns,
+// or one per worker when it is 0.
+func (cfg *Config) grpcConns() int {
+	if cfg.GRPCConns == 0 {
+		return cfg.Concurrency
+	}
+	return cfg.GRPCConns
+}
+
+// callLoop runs the gRPC clients' calls: worker i makes calls[i] one after
+// the other until cfg.Duration or cfg.Requests runs out, recording each
+// answer's latency and status (as HTTP would count it). The run ends by
+// cancellation, not a deadline, so that a call cut off by the end is told
+// apart from one that failed; a failed call's worker stops when gone(i)
+// says its connection is gone for good (nil: never). onEnd, when set, runs
+// once the run's time is up, to wake calls waiting on something else.
+func callLoop(ctx context.Context, cfg *Config, workers []*worker, calls []func(context.Context) (int, error), gone func(i int) bool, onEnd ...func()) Report {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var over atomic.Bool
 	stop := time.AfterFunc(cfg.Duration, func() { over.Store(true); cancel() })
 	defer stop.Stop()
-	var issued sync.Mutex
-	var sent int64
+	for _, f := range onEnd {
+		defer context.AfterFunc(runCtx, f)()
+	}
+	var sent atomic.Int64
 	start := time.Now()
 	var wg sync.WaitGroup
 	for i, w := range workers {
-		client := rlsv3.NewRateLimitServiceClient(conns[i%nconns])
-		next := values(cfg, i)
 		wg.Go(func() {
-			var val []byte
 			for runCtx.Err() == nil {
-				if cfg.Requests > 0 {
-					issued.Lock()
-					sent++
-					over := sent > cfg.Requests
-					issued.Unlock()
-					if over {
-						return
-					}
+				if cfg.Requests > 0 && sent.Add(1) > cfg.Requests {
+					return
 				}
-				val = next(val[:0])
-				req := request(cfg, string(val))
 				t0 := time.Now()
-				resp, err := client.ShouldRateLimit(runCtx, req)
+				code, err := calls[i](runCtx)
 				lat := time.Since(t0)
 				if err != nil {
 					if !over.Load() && ctx.Err() == nil {
 						w.fail(err)
+						if gone != nil && gone(i) {
+							return // the connection is gone; its calls all fail
+						}
 					}
 					continue
 				}
 				w.hist.record(lat)
 				w.requests++
 				w.decisions++
-				if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
-					w.status[429]++
-				} else {
-					w.status[200]++
-				}
+				w.status[code]++
 			}
 		})
 	}
 	wg.Wait()
-	return report(time.Since(start), workers), nil
+	return report(time.Since(start), workers)
 }
 
 // request is one check of value in cfg's domain and key.

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -32,10 +31,7 @@ const h2RecvWindow = 65535
 // about as much as the server it measures.
 func runH2(ctx context.Context, t *target) (Report, error) {
 	cfg := &t.cfg
-	nconns := cfg.GRPCConns
-	if nconns == 0 {
-		nconns = cfg.Concurrency
-	}
+	nconns := cfg.grpcConns()
 	perConn := uint32((cfg.Concurrency + nconns - 1) / nconns)
 	dialer := net.Dialer{Timeout: dialTimeout}
 	conns := make([]*h2conn, nconns)
@@ -72,51 +68,24 @@ func runH2(ctx context.Context, t *target) (Report, error) {
 		}
 		workers[i] = &worker{ring: ring}
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var over atomic.Bool
-	stop := time.AfterFunc(cfg.Duration, func() { over.Store(true); cancel() })
-	defer stop.Stop()
+	calls := make([]func(context.Context) (int, error), len(workers))
+	for i, w := range workers {
+		c, mask, n := conns[i%nconns], len(w.ring)-1, 0
+		calls[i] = func(ctx context.Context) (int, error) {
+			n++
+			return c.call(ctx, w.ring[(n-1)&mask])
+		}
+	}
+	gone := func(i int) bool { return conns[i%nconns].failed() }
 	// Wake the calls waiting for a send window when the run ends.
-	defer context.AfterFunc(runCtx, func() {
+	wake := func() {
 		for _, c := range conns {
 			c.wmu.Lock()
 			c.window.Broadcast()
 			c.wmu.Unlock()
 		}
-	})()
-	var sent atomic.Int64
-	start := time.Now()
-	var wg sync.WaitGroup
-	for i, w := range workers {
-		c := conns[i%nconns]
-		wg.Go(func() {
-			mask := len(w.ring) - 1
-			for n := 0; runCtx.Err() == nil; n++ {
-				if cfg.Requests > 0 && sent.Add(1) > cfg.Requests {
-					return
-				}
-				t0 := time.Now()
-				code, err := c.call(runCtx, w.ring[n&mask])
-				lat := time.Since(t0)
-				if err != nil {
-					if !over.Load() && ctx.Err() == nil {
-						w.fail(err)
-						if c.failed() {
-							return // the connection is gone; its calls all fail
-						}
-					}
-					continue
-				}
-				w.hist.record(lat)
-				w.requests++
-				w.decisions++
-				w.status[code]++
-			}
-		})
 	}
-	wg.Wait()
-	return report(time.Since(start), workers), nil
+	return callLoop(ctx, cfg, workers, calls, gone, wake), nil
 }
 
 // renderGRPCRing pre-renders the gRPC messages worker idx cycles through,
