@@ -116,3 +116,12 @@ func (s *Redis) estimateApply(now, sent int64, remote []crdt.Slot) {
 	}
 	s.sweepEstimate(now)
 }
+
+// Hot is Memory.Hot for a PoP on Redis: the keys its estimate remembers
+// admitting near their limit; nil without an estimate.
+func (s *Redis) Hot(slots []crdt.Slot) []crdt.Slot {
+	if s.est == nil {
+		return nil
+	}
+	return s.est.hot(slots)
+}
