@@ -502,9 +502,24 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.
 		reg.MustRegister(miss)
 		estimateMiss = func(scope limit.Scope, hits float64) { miss.WithLabelValues(scope.String()).Observe(hits) }
 	}
+	var rs *store.Redis
 	if embedded {
 		memCfg.Replica, memCfg.RegionPeers, memCfg.Extrapolate = cfg.Replica, cfg.RegionPeers, cfg.Extrapolate
 		memCfg.EstimateMiss = estimateMiss
+	} else {
+		clock, err := store.ParseClockSource(cfg.RedisClock)
+		if err != nil {
+			return nil, nil, nil, nil, nil, fmt.Errorf("--redis-clock: %w", err)
+		}
+		rs, err = store.OpenRedis(store.RedisConfig{URL: cfg.Store, Password: cfg.RedisPassword, Timeout: cfg.RedisTimeout, ClockSource: clock,
+			BatchWindow: cfg.RedisBatchWindow, Pipelines: cfg.RedisPipelines, Replica: cfg.Replica, RegionPeers: cfg.RegionPeers,
+			Extrapolate: cfg.Extrapolate, EstimateMiss: estimateMiss})
+		if err != nil {
+			return nil, nil, nil, nil, nil, fmt.Errorf("store: %w", err)
+		}
+		// The fallback decides region and global limits on the Redis
+		// store's counts of them (store.MemoryConfig.Primary).
+		memCfg.Primary = rs
 	}
 	mem = store.NewMemory(memCfg)
 	registerMemory(reg, mem)
@@ -516,18 +531,6 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.
 	go every(sweepEvery, stop, func(now int64) { mem.SweepAt(now) })
 	if embedded {
 		return mem, mem, mem, nil, func() { close(stop) }, nil
-	}
-	clock, err := store.ParseClockSource(cfg.RedisClock)
-	if err != nil {
-		close(stop)
-		return nil, nil, nil, nil, nil, fmt.Errorf("--redis-clock: %w", err)
-	}
-	rs, err := store.OpenRedis(store.RedisConfig{URL: cfg.Store, Password: cfg.RedisPassword, Timeout: cfg.RedisTimeout, ClockSource: clock,
-		BatchWindow: cfg.RedisBatchWindow, Pipelines: cfg.RedisPipelines, Replica: cfg.Replica, RegionPeers: cfg.RegionPeers,
-		Extrapolate: cfg.Extrapolate, EstimateMiss: estimateMiss})
-	if err != nil {
-		close(stop)
-		return nil, nil, nil, nil, nil, fmt.Errorf("store: %w", err)
 	}
 	fb := store.NewFallback(rs, mem, store.FallbackConfig{Failures: cfg.BreakerFailures, Cooldown: cfg.BreakerCooldown})
 	registerFallback(reg, fb)

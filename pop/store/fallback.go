@@ -310,8 +310,18 @@ func (f *Fallback) fallback(ctx context.Context, now, hits int64, items []limit.
 		}
 	}
 	if closed == 0 {
+		// A replicated Redis store's region and global limits are decided
+		// on its own in-process counts, and it publishes and restores what
+		// the secondary counts there (redis_offline.go).
+		o, _ := f.primary.(offliner)
+		if o != nil {
+			o.offlineBefore(now, items)
+		}
 		if err := f.secondary.CheckAt(ctx, now, hits, items, out); err != nil {
 			return fmt.Errorf("store: fallback: secondary store: %w", err)
+		}
+		if o != nil {
+			o.offlineAfter(now, items)
 		}
 		return nil
 	}

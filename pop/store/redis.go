@@ -224,10 +224,13 @@ type Redis struct {
 
 	rep *redisReplicated // nil without a replica name
 
-	est      *replicated  // the guess of unheard hits (redis_estimate.go); nil without Extrapolate
+	est      *replicated  // the in-process counts and guess of unheard hits (redis_estimate.go); nil without Replica
 	estSwept atomic.Int64 // when est was last swept (store time, ns)
 
 	lostRestores atomic.Uint64 // times ownSlots found Redis holding less than this server published
+
+	offlinePending atomic.Bool   // pairs counted while Redis was away await restoreOffline
+	offlineSem     chan struct{} // one restoreOffline at a time
 }
 
 // LostRestores is how many times the store found Redis holding less of the
@@ -274,6 +277,8 @@ func OpenRedis(cfg RedisConfig) (*Redis, error) {
 		closing: make(chan struct{}),
 		rep:     newRedisReplicated(cfg),
 		est:     newRedisEstimate(cfg),
+
+		offlineSem: make(chan struct{}, 1),
 
 		evalItems: maxEvalItems,
 	}
@@ -448,6 +453,18 @@ func (s *Redis) CheckAt(ctx context.Context, now, hits int64, items []limit.Item
 	deadline := time.Now().Add(s.cfg.Timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
+	}
+	if s.offlinePending.Load() {
+		// Hits counted while Redis was away go in first (redis_offline.go).
+		rctx, cancel := context.WithDeadline(ctx, deadline)
+		err := s.restoreOffline(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil && rctx.Err() != nil {
+				return s.timeoutErr()
+			}
+			return err
+		}
 	}
 	var stBuf [maxInline]limit.State
 	var sts []limit.State // the estimate's view of each item (nil without it)

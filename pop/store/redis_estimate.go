@@ -26,12 +26,16 @@ import (
 // memory: each server holds the other PoPs' counts of the current and
 // previous windows in process, as an embedded PoP does.
 
-// newRedisEstimate returns the estimate of a store with cfg, or nil.
+// newRedisEstimate returns the estimate of a store with cfg, or nil without
+// a replica name. A replicated store keeps one even without Extrapolate
+// (then it guesses nothing, Unheard stays 0): the other PoPs' counts and
+// this server's own are what its Fallback decides region and global limits
+// on while Redis is away (redis_offline.go).
 func newRedisEstimate(cfg RedisConfig) *replicated {
-	if cfg.Replica == "" || !cfg.Extrapolate {
+	if cfg.Replica == "" {
 		return nil
 	}
-	return newReplicated(cfg.Replica, cfg.RegionPeers, true)
+	return newReplicated(cfg.Replica, cfg.RegionPeers, cfg.Extrapolate)
 }
 
 // estimates appends to sts, for each item of a check at now, the state the

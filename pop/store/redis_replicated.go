@@ -70,6 +70,7 @@ type ownTrack struct {
 	alg       limit.Algorithm // the key's algorithm (its Redis key names it)
 	dirty     bool            // counted since the last Delta
 	published uint64          // the most this server published of the pair (ownSlots)
+	offline   uint32          // checks counted in the estimate while Redis was away, not yet restored (redis_offline.go)
 }
 
 // pruneEvery is how often, at most, checks and Apply drop tracked pairs of
@@ -255,6 +256,21 @@ func (s *Redis) ownSlots(ctx context.Context, delta bool) ([]crdt.Slot, error) {
 		return nil, nil
 	}
 
+	// What the estimate counted of each pair, taken before Redis is read:
+	// it adds this server's hits after Redis counted them, so it is never
+	// above what Redis held then — unless Redis lost them, or never had
+	// them (counted while Redis was away, redis_offline.go).
+	floor := make([]uint64, len(todo))
+	if e := s.est; e != nil {
+		e.mu.Lock()
+		for i, p := range todo {
+			if u := e.units[p.t.w]; u != nil {
+				floor[i] = u.own.Count(p.tk.key, p.tk.window)
+			}
+		}
+		e.mu.Unlock()
+	}
+
 	ctx, cancel := context.WithTimeout(ctx, replOpTimeout)
 	defer cancel()
 	pipe := s.client.Pipeline()
@@ -276,6 +292,7 @@ func (s *Redis) ownSlots(ctx context.Context, delta bool) ([]crdt.Slot, error) {
 	for i, p := range todo {
 		v, err := cmds[i].Result()
 		var n uint64
+		unread := false
 		switch {
 		case errors.Is(err, redis.Nil):
 			// Expired — or Redis lost it (restarted empty, or from an older
@@ -284,7 +301,7 @@ func (s *Redis) ownSlots(ctx context.Context, delta bool) ([]crdt.Slot, error) {
 		case err != nil:
 			errs = append(errs, err)
 			failed = append(failed, p.tk)
-			continue
+			unread = true
 		default:
 			if n, err = ownCount(v, p.tk.window/p.t.w); err != nil {
 				errs = append(errs, fmt.Errorf("key %q: %w", p.tk.key, err))
@@ -298,12 +315,23 @@ func (s *Redis) ownSlots(ctx context.Context, delta bool) ([]crdt.Slot, error) {
 		// most they heard, so a lower count would hide this PoP's hits
 		// until they passed it again, while every other PoP went on
 		// admitting against the old one. Redis holds less than this server
-		// published when it lost counts: put them back, so that new hits
-		// add to them (what was admitted between the loss and now, at most
-		// one flush interval of it, stays lost, as after a kill -9).
-		if n < p.t.published {
-			lost = append(lost, crdt.Slot{Key: p.tk.key, Window: p.tk.window, Replica: r.self, Count: p.t.published})
-			n = p.t.published
+		// published, or than its estimate counted, when it lost counts or
+		// never had them: put them back, so that new hits add to them
+		// (what was admitted between a loss and now, at most one flush
+		// interval of it, stays lost, as after a kill -9).
+		least := max(p.t.published, floor[i])
+		if unread {
+			// Redis is away: publish what the estimate counted beyond
+			// what was published (the hits admitted meanwhile), and keep
+			// the pair for the next Delta, which puts them into Redis.
+			if least > p.t.published {
+				out = append(out, crdt.Slot{Key: p.tk.key, Window: p.tk.window, Replica: r.self, Count: least})
+			}
+			continue
+		}
+		if n < least {
+			lost = append(lost, crdt.Slot{Key: p.tk.key, Window: p.tk.window, Replica: r.self, Count: least})
+			n = least
 		}
 		if n > 0 {
 			out = append(out, crdt.Slot{Key: p.tk.key, Window: p.tk.window, Replica: r.self, Count: n})
