@@ -482,8 +482,9 @@ func storeName(s string) string {
 // Redis fails.
 //
 // With a replica name, the store that decides also replicates: the embedded
-// store, or Redis — whose own fallback store then counts this PoP's hits
-// alone while Redis is unreachable.
+// store, or Redis — whose fallback store then decides region and global
+// limits on the Redis store's in-process counts while Redis is unreachable
+// (store.MemoryConfig.Primary).
 //
 // ping, nil for the embedded store, asks Redis whether it answers and accepts
 // the credentials.
@@ -537,7 +538,7 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.
 	if cfg.Replica != "" {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "edgelimit_store_redis_lost_restores_total",
-			Help: "Times this server found Redis holding less of the PoP's own replicated counts than it had published (Redis restarted empty or from an older snapshot) and put them back, with the other PoPs' counts it held.",
+			Help: "Times this server found Redis holding less of the PoP's own replicated counts than it had published or counted (Redis restarted empty or from an older snapshot, or was away while this server counted) and put them back, with the other PoPs' counts it held.",
 		}, func() float64 { return float64(rs.LostRestores()) }))
 	}
 	return fb, mem, rs, rs.Ping, func() { close(stop); _ = rs.Close() }, nil

@@ -93,6 +93,11 @@ type FallbackConfig struct {
 // input (ErrInvalidCheck) are returned as they are, and do not count against
 // the primary; so are the secondary's errors (Memory has none).
 //
+// A replicated Redis primary's region and global limits are decided, while
+// it is away, on its own in-process counts of them, which it publishes and
+// puts back into Redis when Redis answers again (redis_offline.go; the
+// secondary is then made with MemoryConfig.Primary).
+//
 // When the secondary is the embedded store, the two are reconciled
 // (reconcile.go): the secondary follows what the primary reports, so that it
 // goes on from there when the primary goes away, and the primary is given

@@ -234,8 +234,9 @@ type Redis struct {
 }
 
 // LostRestores is how many times the store found Redis holding less of the
-// PoP's own counts than this server had published (Redis restarted empty or
-// from an older snapshot), and put them back.
+// PoP's own counts than this server had published or counted (Redis
+// restarted empty or from an older snapshot, or was away while the Fallback
+// counted), and put them back.
 func (s *Redis) LostRestores() uint64 { return s.lostRestores.Load() }
 
 // OpenRedis connects a Redis store. It fails only on a bad configuration:
