@@ -540,6 +540,10 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.
 			Name: "edgelimit_store_redis_lost_restores_total",
 			Help: "Times this server found Redis holding less of the PoP's own replicated counts than it had published or counted (Redis restarted empty or from an older snapshot, or was away while this server counted) and put them back, with the other PoPs' counts it held.",
 		}, func() float64 { return float64(rs.LostRestores()) }))
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "edgelimit_store_redis_offline_denials_total",
+			Help: "Checks of region or global limits Redis admitted that this server denied: hits it counted while Redis was away were not in Redis yet, and its own counts had no room.",
+		}, func() float64 { return float64(rs.OfflineDenials()) }))
 	}
 	return fb, mem, rs, rs.Ping, func() { close(stop); _ = rs.Close() }, nil
 }

@@ -231,6 +231,7 @@ type Redis struct {
 
 	offlinePending atomic.Bool   // pairs counted while Redis was away await restoreOffline
 	offlineSem     chan struct{} // one restoreOffline at a time
+	offlineDenials atomic.Uint64 // checks Redis admitted and recheckOffline denied
 }
 
 // LostRestores is how many times the store found Redis holding less of the
@@ -491,7 +492,7 @@ func (s *Redis) CheckAt(ctx context.Context, now, hits int64, items []limit.Item
 	select {
 	case <-r.done:
 		r.timer.Stop()
-		return s.estimated(now, hits, items, out, sts, s.track(now, items, out, s.finish(r, out)))
+		return s.estimated(now, hits, items, out, sts, s.track(now, items, out, s.recheckOffline(now, hits, items, out, s.finish(r, out))))
 	case <-r.timer.C:
 		err = s.timeoutErr()
 	case <-ctx.Done():
@@ -502,7 +503,7 @@ func (s *Redis) CheckAt(ctx context.Context, now, hits int64, items []limit.Item
 		return err // the pipeliner owns r now and recycles it
 	}
 	<-r.done // the answer arrived as the deadline did: use it
-	return s.estimated(now, hits, items, out, sts, s.track(now, items, out, s.finish(r, out)))
+	return s.estimated(now, hits, items, out, sts, s.track(now, items, out, s.recheckOffline(now, hits, items, out, s.finish(r, out))))
 }
 
 func (s *Redis) timeoutErr() error {

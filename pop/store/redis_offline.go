@@ -205,3 +205,65 @@ func (s *Redis) restoreOffline(ctx context.Context) error {
 	r.mu.Unlock()
 	return nil
 }
+
+// recheckOffline denies, after Redis admitted a check at now, a request
+// that the estimate has no room for, when one of its replicated items has
+// hits counted offline that Redis does not hold yet. It returns err
+// unchanged. That happens when a check that ran out of time was answered by
+// the Fallback while another check of the key, already in Redis, took the
+// last room there: each saw a count without the other's hit, and both were
+// admitted (what reconcile.go's slack guards against for the other
+// limits). The denied request's hits stay counted in Redis, as a denied
+// request's never are elsewhere: the restore's max-merge keeps one count
+// of the two, so the window counts one hit more than it admitted, never
+// less.
+func (s *Redis) recheckOffline(now, hits int64, items []limit.Item, out []limit.Decision, err error) error {
+	if err != nil || !s.offlinePending.Load() || !limit.Admit(items, out) {
+		return err
+	}
+	var buf [maxInline]int
+	suspect := buf[:0]
+	r := s.rep
+	r.mu.Lock()
+	for i := range items {
+		it := &items[i]
+		if !s.replicates(it) || it.Shadow {
+			continue
+		}
+		key := unsafe.String(unsafe.SliceData(it.Key), len(it.Key))
+		if t := r.own[trackKey{key, limit.WindowStart(now, it.Spec.Window)}]; t != nil && t.offline > 0 {
+			suspect = append(suspect, i)
+		}
+	}
+	r.mu.Unlock()
+	if len(suspect) == 0 {
+		return nil
+	}
+	deny := false
+	e := s.est
+	e.mu.Lock()
+	for _, i := range suspect {
+		st := e.state(&items[i], now)
+		items[i].Spec.Advance(&st, now)
+		if !items[i].Spec.Peek(&st, now, hits).Allowed {
+			deny = true
+			break
+		}
+	}
+	e.mu.Unlock()
+	if deny {
+		s.offlineDenials.Add(1)
+		for i := range items {
+			if !items[i].Shadow && out[i].Allowed {
+				out[i].Allowed = false
+				out[i].RetryAfter = max(out[i].Reset, 1)
+			}
+		}
+	}
+	return nil
+}
+
+// OfflineDenials is how many checks Redis admitted that recheckOffline
+// denied: their key's hits counted while Redis was away were not in Redis
+// yet, and without Redis' room the estimate had none.
+func (s *Redis) OfflineDenials() uint64 { return s.offlineDenials.Load() }

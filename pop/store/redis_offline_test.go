@@ -131,6 +131,57 @@ func testRedisAway(t *testing.T, outage string, alg limit.Algorithm) {
 	}
 }
 
+// A check that ran out of time is answered by the fallback while another
+// check of the key, already in Redis, takes the window's last hit there:
+// without the other's hit each sees room, and both were admitted — 6 of 5.
+// The later one is denied, and Redis ends up holding the key's 5.
+func TestFallbackTimeoutRaceOnReplicatedKey(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := new(replClock)
+	now := clock.at(limittest.T0.Add(10 * time.Second).UnixNano())
+	a := openTestRedis(t, srv.URL(), RedisConfig{ClockSource: ClockLocal, Clock: clock.Load, Replica: "a",
+		Extrapolate: true, Timeout: 5 * time.Second})
+	fa := NewFallback(a, NewMemory(MemoryConfig{Primary: a}), FallbackConfig{})
+	it := windowItem(rules.Hour, limit.FixedWindow, limit.ScopeGlobal, 5, "race")
+	if got := admit(t, fa, now, it, 4); got != 4 {
+		t.Fatalf("admitted %d of the first 4", got)
+	}
+	srv.Pause()
+	t.Cleanup(srv.Resume)
+	inRedis := make(chan limit.Decision, 1)
+	go func() {
+		out := make([]limit.Decision, 1)
+		if err := fa.CheckAt(context.Background(), now, 1, []limit.Item{it}, out); err != nil {
+			t.Error(err)
+		}
+		inRedis <- out[0]
+	}()
+	time.Sleep(100 * time.Millisecond) // the check is in Redis' queue
+	// Another check runs out of its time and is answered without Redis.
+	out := make([]limit.Decision, 1)
+	if err := fa.fallback(context.Background(), now, 1, []limit.Item{it}, out); err != nil {
+		t.Fatal(err)
+	}
+	if !out[0].Allowed {
+		t.Fatalf("the fallback denied the 5th hit: %+v", out[0])
+	}
+	srv.Resume()
+	if d := <-inRedis; d.Allowed {
+		t.Fatalf("Redis's answer admitted a 6th hit of 5 beside the fallback's: %+v", d)
+	}
+	if got := admit(t, fa, now, it, 3); got != 0 {
+		t.Fatalf("admitted %d more", got)
+	}
+	v, err := srv.Do("GET", string(appendRedisKey(nil, &it)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	win := limit.WindowStart(now, it.Spec.Window) / it.Spec.Window
+	if n, err := ownCount(v, win); err != nil || n != 5 {
+		t.Fatalf("Redis holds %d (%q, %v), want the 5 admitted", n, v, err)
+	}
+}
+
 // deliver applies from's delta to to.
 func deliver(t *testing.T, from, to *Redis) {
 	t.Helper()
