@@ -317,8 +317,9 @@ func (s *Redis) ownSlots(ctx context.Context, delta bool) ([]crdt.Slot, error) {
 		// admitting against the old one. Redis holds less than this server
 		// published, or than its estimate counted, when it lost counts or
 		// never had them: put them back, so that new hits add to them
-		// (what was admitted between a loss and now, at most one flush
-		// interval of it, stays lost, as after a kill -9).
+		// (what other servers of the PoP admitted between a loss and now,
+		// at most one flush interval of it, stays lost, as after a kill -9;
+		// this server's own hits are in its estimate).
 		least := max(p.t.published, floor[i])
 		if unread {
 			// Redis is away: publish what the estimate counted beyond
