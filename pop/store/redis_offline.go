@@ -96,35 +96,8 @@ func (s *Redis) offlineBefore(now int64, items []limit.Item) {
 // and restoreOffline puts them into Redis (steps 2–4 above). A denied item
 // is tracked too; restoring its unchanged count changes nothing.
 func (s *Redis) offlineAfter(now int64, items []limit.Item) {
-	if s.rep == nil {
-		return
-	}
-	r := s.rep
-	locked := false
-	for i := range items {
-		it := &items[i]
-		if !s.replicates(it) {
-			continue
-		}
-		if !locked {
-			r.mu.Lock()
-			r.pruneDueLocked(now)
-			locked = true
-		}
-		w := it.Spec.Window
-		tk := trackKey{unsafe.String(unsafe.SliceData(it.Key), len(it.Key)), limit.WindowStart(now, w)}
-		t := r.own[tk]
-		if t == nil {
-			tk.key = string(it.Key)
-			t = &ownTrack{w: w, alg: it.Spec.Algorithm}
-			r.own[tk] = t
-		}
-		t.dirty = true
-		t.offline++
-	}
-	if locked {
+	if s.rep != nil && s.markOwn(now, items, nil, true) {
 		s.offlinePending.Store(true)
-		r.mu.Unlock()
 	}
 }
 

@@ -166,11 +166,20 @@ func (s *Redis) track(now int64, items []limit.Item, out []limit.Decision, err e
 	if err != nil || s.rep == nil {
 		return err
 	}
+	s.markOwn(now, items, out, false)
+	return nil
+}
+
+// markOwn marks for the next Delta the (key, window) pair at now of each
+// replicated item that out allowed — each one when out is nil — tracking
+// it first; with offline, also as counted while Redis was away
+// (redis_offline.go). It reports whether it marked any. Requires s.rep.
+func (s *Redis) markOwn(now int64, items []limit.Item, out []limit.Decision, offline bool) bool {
 	r := s.rep
 	locked := false
 	for i := range items {
 		it := &items[i]
-		if !out[i].Allowed || !s.replicates(it) {
+		if (out != nil && !out[i].Allowed) || !s.replicates(it) {
 			continue
 		}
 		if !locked {
@@ -181,17 +190,21 @@ func (s *Redis) track(now int64, items []limit.Item, out []limit.Decision, err e
 		w := it.Spec.Window
 		// A lookup does not retain its key, so the key's bytes may be borrowed.
 		tk := trackKey{unsafe.String(unsafe.SliceData(it.Key), len(it.Key)), limit.WindowStart(now, w)}
-		if t := r.own[tk]; t != nil {
-			t.dirty = true
-			continue
+		t := r.own[tk]
+		if t == nil {
+			tk.key = string(it.Key)
+			t = &ownTrack{w: w, alg: it.Spec.Algorithm}
+			r.own[tk] = t
 		}
-		tk.key = string(it.Key)
-		r.own[tk] = &ownTrack{w: w, alg: it.Spec.Algorithm, dirty: true}
+		t.dirty = true
+		if offline {
+			t.offline++
+		}
 	}
 	if locked {
 		r.mu.Unlock()
 	}
-	return nil
+	return locked
 }
 
 // The methods below make a Redis store with a replica name a
