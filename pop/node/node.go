@@ -538,7 +538,7 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.
 	if cfg.Replica != "" {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "edgelimit_store_redis_lost_restores_total",
-			Help: "Times this server found Redis holding less of the PoP's own replicated counts than it had published or counted (Redis restarted empty or from an older snapshot, or was away while this server counted) and put them back, with the other PoPs' counts it held.",
+			Help: "Times this server found Redis holding less of the PoP's own replicated counts than it had held (Redis restarted empty or from an older snapshot) and put them back, with the other PoPs' counts it held.",
 		}, func() float64 { return float64(rs.LostRestores()) }))
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "edgelimit_store_redis_offline_denials_total",

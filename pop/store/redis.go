@@ -227,7 +227,7 @@ type Redis struct {
 	est      *replicated  // the in-process counts and guess of unheard hits (redis_estimate.go); nil without Replica
 	estSwept atomic.Int64 // when est was last swept (store time, ns)
 
-	lostRestores atomic.Uint64 // times ownSlots found Redis holding less than this server published
+	lostRestores atomic.Uint64 // times ownSlots found Redis holding less than it had held
 
 	offlinePending atomic.Bool   // pairs counted while Redis was away await restoreOffline
 	offlineSem     chan struct{} // one restoreOffline at a time
@@ -235,9 +235,8 @@ type Redis struct {
 }
 
 // LostRestores is how many times the store found Redis holding less of the
-// PoP's own counts than this server had published or counted (Redis
-// restarted empty or from an older snapshot, or was away while the Fallback
-// counted), and put them back.
+// PoP's own counts than it had held (Redis restarted empty or from an older
+// snapshot), and put them back, with the other PoPs' counts.
 func (s *Redis) LostRestores() uint64 { return s.lostRestores.Load() }
 
 // OpenRedis connects a Redis store. It fails only on a bad configuration:

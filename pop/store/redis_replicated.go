@@ -70,6 +70,7 @@ type ownTrack struct {
 	alg       limit.Algorithm // the key's algorithm (its Redis key names it)
 	dirty     bool            // counted since the last Delta
 	published uint64          // the most this server published of the pair (ownSlots)
+	held      uint64          // the most this server read Redis holding of the pair, or put there (ownSlots)
 	offline   uint32          // checks counted in the estimate while Redis was away, not yet restored (redis_offline.go)
 }
 
@@ -300,7 +301,9 @@ func (s *Redis) ownSlots(ctx context.Context, delta bool) ([]crdt.Slot, error) {
 		out    []crdt.Slot
 		errs   []error
 		failed []trackKey
-		lost   []crdt.Slot // counts Redis no longer holds (see below)
+		lost   []crdt.Slot // counts Redis no longer holds, or never had (see below)
+		read   []crdt.Slot // what Redis holds of each pair read, once lost counts are back
+		gone   bool        // Redis holds less than it did: it lost counts
 	)
 	for i, p := range todo {
 		v, err := cmds[i].Result()
@@ -345,16 +348,23 @@ func (s *Redis) ownSlots(ctx context.Context, delta bool) ([]crdt.Slot, error) {
 		}
 		if n < least {
 			lost = append(lost, crdt.Slot{Key: p.tk.key, Window: p.tk.window, Replica: r.self, Count: least})
+			gone = gone || n < p.t.held
 			n = least
 		}
 		if n > 0 {
 			out = append(out, crdt.Slot{Key: p.tk.key, Window: p.tk.window, Replica: r.self, Count: n})
+			read = append(read, out[len(out)-1])
 		}
 	}
 	r.mu.Lock()
 	for _, sl := range out {
 		if t := r.own[trackKey{sl.Key, sl.Window}]; t != nil {
 			t.published = max(t.published, sl.Count)
+		}
+	}
+	for _, sl := range read {
+		if t := r.own[trackKey{sl.Key, sl.Window}]; t != nil {
+			t.held = max(t.held, sl.Count)
 		}
 	}
 	if delta { // retried by the next Delta
@@ -366,7 +376,7 @@ func (s *Redis) ownSlots(ctx context.Context, delta bool) ([]crdt.Slot, error) {
 	}
 	r.mu.Unlock()
 	if len(lost) > 0 {
-		if err := s.restoreLost(ctx, now, lost); err != nil {
+		if err := s.restoreLost(ctx, lost, gone); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -401,14 +411,19 @@ func ownCount(v string, widx int64) (uint64, error) {
 	return 0, nil
 }
 
-// restoreLost puts back into Redis the own counts it lost (ownSlots), and,
-// with them, the other PoPs' counts the store's estimate holds (the remote
-// hashes were lost too, and would otherwise wait for the next snapshot):
-// an emptied Redis must not re-grant the limits of region and global keys.
-func (s *Redis) restoreLost(ctx context.Context, now int64, own []crdt.Slot) error {
-	s.lostRestores.Add(1)
+// restoreLost puts into Redis the own counts it lacks (ownSlots), and, when
+// it lost counts it held (gone), the other PoPs' counts the store's
+// estimate holds (the remote hashes were lost too, and would otherwise
+// wait for the next snapshot): an emptied Redis must not re-grant the
+// limits of region and global keys. A Redis that only lacks hits counted
+// while it was away (redis_offline.go) lost nothing else, and is spared
+// the merge of every remote count at each flush of an outage.
+func (s *Redis) restoreLost(ctx context.Context, own []crdt.Slot, gone bool) error {
 	err := s.RestoreCtx(ctx, own)
-	if s.est != nil {
+	if gone {
+		s.lostRestores.Add(1)
+	}
+	if gone && s.est != nil {
 		s.est.mu.Lock()
 		var remote []crdt.Slot
 		for _, u := range s.est.units {
