@@ -1,6 +1,9 @@
 package quota
 
-import "io"
+import (
+	"io"
+	"slices"
+)
 
 // ReadSnapshotForTest is ReadSnapshot (kept for the older tests' name).
 var ReadSnapshotForTest = ReadSnapshot
@@ -15,5 +18,5 @@ var (
 
 // EncodeSnapshotForTest writes the binary form of quotas to w.
 func EncodeSnapshotForTest(w io.Writer, version int64, quotas []*Quota) error {
-	return encodeSnapshot(w, version, quotas)
+	return encodeSnapshot(w, version, len(quotas), slices.Values(quotas))
 }

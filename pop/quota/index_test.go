@@ -3,6 +3,7 @@ package quota_test
 import (
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"runtime"
 	"testing"
 	"time"
@@ -52,17 +53,17 @@ func TestIndex(t *testing.T) {
 }
 
 // An override replaces the quota of the limit it names, keeps its
-// algorithm, scope and name, and a quota's Limit does not allocate once it
+// algorithm, scope and name, and a plan's Limit does not allocate once it
 // has seen the limit.
 func TestQuotaLimit(t *testing.T) {
 	l := &rules.Limit{Name: "tier:pro", Unit: rules.Minute, Scope: rules.ScopeGlobal, Spec: limit.Spec{Algorithm: limit.SlidingWindow, Limit: 100, Window: int64(time.Minute)}}
 	other := &rules.Limit{Name: "other", Unit: rules.Minute, Spec: l.Spec}
-	q := mkQuota("k", "pro", quota.Override{Descriptor: "tier:pro", RequestsPerUnit: 7, Unit: rules.Hour})
+	q := mkQuota("k", "pro", quota.Override{Descriptor: "tier:pro", RequestsPerUnit: 7, Unit: rules.Hour}).Plan()
 	got := q.Limit(l)
 	if got == l || got.Spec.Limit != 7 || got.Unit != rules.Hour || got.Spec.Window != int64(time.Hour) || got.Scope != rules.ScopeGlobal || got.Name != "tier:pro" {
 		t.Fatalf("overridden limit: %+v", got)
 	}
-	if q.Limit(other) != other || (*quota.Quota)(nil).Limit(l) != l {
+	if q.Limit(other) != other || (*quota.Plan)(nil).Limit(l) != l {
 		t.Fatal("a limit without override is not itself")
 	}
 	if a := testing.AllocsPerRun(100, func() { q.Limit(l); q.Limit(other) }); a != 0 {
@@ -70,9 +71,9 @@ func TestQuotaLimit(t *testing.T) {
 	}
 	// Keys with the same override of l share one limit; another quota or
 	// unit is another limit.
-	same := mkQuota("k2", "pro", quota.Override{Descriptor: "tier:pro", RequestsPerUnit: 7, Unit: rules.Hour})
-	more := mkQuota("k3", "pro", quota.Override{Descriptor: "tier:pro", RequestsPerUnit: 8, Unit: rules.Hour})
-	perMinute := mkQuota("k4", "pro", quota.Override{Descriptor: "tier:pro", RequestsPerUnit: 7, Unit: rules.Minute})
+	same := mkQuota("k2", "pro", quota.Override{Descriptor: "tier:pro", RequestsPerUnit: 7, Unit: rules.Hour}).Plan()
+	more := mkQuota("k3", "pro", quota.Override{Descriptor: "tier:pro", RequestsPerUnit: 8, Unit: rules.Hour}).Plan()
+	perMinute := mkQuota("k4", "pro", quota.Override{Descriptor: "tier:pro", RequestsPerUnit: 7, Unit: rules.Minute}).Plan()
 	if same.Limit(l) != got || more.Limit(l) == got || more.Limit(l).Spec.Limit != 8 || perMinute.Limit(l) == got || perMinute.Limit(l).Unit != rules.Minute {
 		t.Fatal("limits with the same override are not shared, or different ones are")
 	}
@@ -129,7 +130,7 @@ func benchIndex(b *testing.B, n, hot int) {
 		keys[i] = all2[i*12 : (i+1)*12]
 	}
 	now := time.Now().UnixNano()
-	plain := make(map[string]*quota.Quota, n)
+	plain := make(map[string]*quota.Quota, n) // the yardstick: a bare Go map
 	for _, q := range all {
 		plain[q.APIKey] = q
 	}
@@ -232,12 +233,12 @@ func TestIndexAgainstMap(t *testing.T) {
 		}
 		for range 200 {
 			k := key()
-			if got := x.Get(k); got != want[k] {
+			if got := x.Get(k); !reflect.DeepEqual(got, want[k]) {
 				t.Fatalf("step %d: Get(%s) = %v, want %v", step, k, got, want[k])
 			}
 		}
 		for _, q := range x.All() {
-			if want[q.APIKey] != q {
+			if !reflect.DeepEqual(want[q.APIKey], q) {
 				t.Fatalf("step %d: All holds %s's old quota", step, q.APIKey)
 			}
 		}
@@ -250,7 +251,7 @@ func TestIndexAgainstMap(t *testing.T) {
 func BenchmarkQuotaLimit(b *testing.B) {
 	l := &rules.Limit{Name: "tier:pro", Unit: rules.Minute, Spec: limit.Spec{Algorithm: limit.SlidingWindow, Limit: 100, Window: int64(time.Minute)}}
 	other := &rules.Limit{Name: "other", Unit: rules.Minute, Spec: l.Spec}
-	q := mkQuota("k", "pro", quota.Override{Descriptor: "tier:pro", RequestsPerUnit: 7, Unit: rules.Hour})
+	q := mkQuota("k", "pro", quota.Override{Descriptor: "tier:pro", RequestsPerUnit: 7, Unit: rules.Hour}).Plan()
 	q.Limit(l)
 	q.Limit(other)
 	b.ReportAllocs()

@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"iter"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/edgelimit/edgelimit/pop/rules"
 )
@@ -61,7 +63,14 @@ var ErrSnapshotDamaged = errors.New("quota: the snapshot file is damaged")
 // writeSnapshot writes quotas at version to path in the binary form,
 // atomically (see writeAtomic).
 func writeSnapshot(path string, version int64, quotas []*Quota) error {
-	return writeAtomic(path, func(w io.Writer) error { return encodeSnapshot(w, version, quotas) })
+	return writeSnapshotOf(path, version, len(quotas), slices.Values(quotas))
+}
+
+// writeSnapshotOf is writeSnapshot of n quotas read from quotas, which may
+// be read more than once and may yield one Quota value overwritten each
+// time (an Index's snapshot: see snapshot.quotas).
+func writeSnapshotOf(path string, version int64, n int, quotas iter.Seq[*Quota]) error {
+	return writeAtomic(path, func(w io.Writer) error { return encodeSnapshot(w, version, n, quotas) })
 }
 
 // writeSnapshotJSON writes quotas at version to path as JSON lines,
@@ -113,8 +122,9 @@ func writeAtomic(path string, write func(io.Writer) error) error {
 	return nil
 }
 
-// encodeSnapshot writes the binary form of quotas at version to w.
-func encodeSnapshot(w io.Writer, version int64, quotas []*Quota) error {
+// encodeSnapshot writes the binary form of the n quotas at version to w. It
+// reads quotas three times, keeping nothing of a Quota but its strings.
+func encodeSnapshot(w io.Writer, version int64, n int, quotas iter.Seq[*Quota]) error {
 	crc := crc32.New(castagnoli)
 	bw := bufio.NewWriterSize(io.MultiWriter(w, crc), 64<<10)
 	names := map[string]uint64{}
@@ -130,7 +140,7 @@ func encodeSnapshot(w io.Writer, version int64, quotas []*Quota) error {
 		return i
 	}
 	keyBytes := 0
-	for _, q := range quotas {
+	for q := range quotas {
 		keyBytes += len(q.APIKey)
 		name(q.Tier)
 		for _, o := range q.Overrides {
@@ -142,16 +152,16 @@ func encodeSnapshot(w io.Writer, version int64, quotas []*Quota) error {
 	h = append(h, snapMagic...)
 	h = binary.LittleEndian.AppendUint32(h, snapFormat)
 	h = binary.LittleEndian.AppendUint64(h, uint64(version))
-	h = binary.LittleEndian.AppendUint64(h, uint64(len(quotas)))
+	h = binary.LittleEndian.AppendUint64(h, uint64(n))
 	h = binary.LittleEndian.AppendUint64(h, uint64(keyBytes))
 	h = binary.LittleEndian.AppendUint64(h, uint64(len(nameBlock)))
 	bw.Write(h)
-	for _, q := range quotas {
+	for q := range quotas {
 		bw.WriteString(q.APIKey)
 	}
 	bw.Write(nameBlock)
 	var rec []byte
-	for _, q := range quotas {
+	for q := range quotas {
 		rec = binary.AppendUvarint(rec[:0], uint64(len(q.APIKey)))
 		rec = binary.AppendUvarint(rec, names[q.Tier])
 		rec = binary.AppendVarint(rec, int64(q.EffectiveAt))
