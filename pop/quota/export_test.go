@@ -20,3 +20,6 @@ var (
 func EncodeSnapshotForTest(w io.Writer, version int64, quotas []*Quota) error {
 	return encodeSnapshot(w, version, len(quotas), slices.Values(quotas))
 }
+
+// PlansForTest is the number of plans x's writer holds.
+func PlansForTest(x *Index) int { return len(x.plans.list) }

@@ -173,16 +173,32 @@ func (x *Index) view() *snapshot { return x.cur.Load() }
 // Replace makes all, at version, the whole snapshot. The table is sized
 // once, for len(all) keys; a key given twice keeps its last quota.
 func (x *Index) Replace(all []*Quota, version int64) {
-	seed, keyBytes := x.seed(), 0
+	keyBytes := 0
 	for _, q := range all {
 		keyBytes += len(q.APIKey)
 	}
-	var ps plans
-	t := newTable(len(all), keyBytes)
+	b := x.builder(len(all), keyBytes)
 	for _, q := range all {
-		set(&t, hashKey(seed, q.APIKey), q.APIKey, q, ps.id(q.Tier, q.Overrides))
+		b.add(q)
 	}
-	x.replaceTable(seed, t, ps, version)
+	x.replaceTable(b.seed, b.t, b.ps, version)
+}
+
+// builder builds a table and its plans for x, under x's seed.
+type builder struct {
+	seed maphash.Seed
+	t    table
+	ps   plans
+}
+
+// builder returns a builder sized for n keys of keyBytes bytes in all.
+func (x *Index) builder(n, keyBytes int) *builder {
+	return &builder{seed: x.seed(), t: newTable(n, keyBytes)}
+}
+
+// add puts a copy of q in b; a key added twice keeps its last quota.
+func (b *builder) add(q *Quota) {
+	set(&b.t, hashKey(b.seed, q.APIKey), q.APIKey, q, b.ps.id(q.Tier, q.Overrides))
 }
 
 // replaceTable makes t, built under seed (x.seed()) with the plans ps, the

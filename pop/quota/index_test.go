@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"runtime"
+	"runtime/metrics"
+	"sync"
 	"testing"
 	"time"
 
@@ -260,4 +262,147 @@ func BenchmarkQuotaLimit(b *testing.B) {
 			b.Fatal("wrong limit")
 		}
 	}
+}
+
+// An index of 100k quotas adds (almost) nothing to the heap the garbage
+// collector scans on every cycle: its slots and records hold no pointers,
+// and the keys' tiers and overrides are a few shared plans. (The index of
+// slots with string headers and *Quota made it ~10 MB.)
+func TestIndexIsNotScanned(t *testing.T) {
+	scannable := func() uint64 {
+		runtime.GC()
+		runtime.GC()
+		s := []metrics.Sample{{Name: "/gc/scan/heap:bytes"}}
+		metrics.Read(s)
+		return s[0].Value.Uint64()
+	}
+	var x quota.Index
+	build := func() { // the quotas given to Replace are garbage once it returns
+		all := make([]*quota.Quota, 100_000)
+		for i := range all {
+			all[i] = mkQuota(fmt.Sprintf("key-%08d", i), "pro")
+			if i%2 == 0 {
+				all[i].Overrides = []quota.Override{{Descriptor: "tier:pro", RequestsPerUnit: int64(1000 + i%7), Unit: rules.Minute}}
+			}
+		}
+		x.Replace(all, 1)
+	}
+	before := scannable()
+	build()
+	after := scannable()
+	if x.Len() != 100_000 || x.QuotaAt(time.Now().UnixNano(), "key-00000002").Overrides[0].RequestsPerUnit != 1002 {
+		t.Fatalf("index of %d keys, or key-00000002's override lost", x.Len())
+	}
+	if grew := int64(after) - int64(before); grew > 256<<10 {
+		t.Fatalf("100k quotas added %d bytes of scannable heap; want under 256 KiB", grew)
+	}
+	if n := quota.PlansForTest(&x); n != 8 {
+		t.Fatalf("%d plans for one tier and 7 distinct overrides; want 8", n)
+	}
+	runtime.KeepAlive(&x)
+}
+
+// Keys with the same tier and overrides share one plan (and so one memo of
+// the limits they meet); a fold of the delta drops plans no key has any
+// more.
+func TestIndexSharesPlans(t *testing.T) {
+	var x quota.Index
+	o := quota.Override{Descriptor: "tier:pro", RequestsPerUnit: 7, Unit: rules.Hour}
+	x.Replace([]*quota.Quota{mkQuota("a", "pro", o), mkQuota("b", "pro", o), mkQuota("c", "pro"), mkQuota("d", "free")}, 1)
+	now := time.Now().UnixNano()
+	a, b, c, d := x.QuotaAt(now, "a"), x.QuotaAt(now, "b"), x.QuotaAt(now, "c"), x.QuotaAt(now, "d")
+	if a != b || a == c || c == d || a.Tier != "pro" || d.Tier != "free" || len(a.Overrides) != 1 || len(c.Overrides) != 0 {
+		t.Fatalf("plans a %p b %p c %p d %p", a, b, c, d)
+	}
+	// A change to the same override as a's finds a's plan.
+	x.Apply([]quota.Change{{APIKey: "e", Quota: mkQuota("e", "pro", o)}, {APIKey: "d"}}, 2)
+	if x.QuotaAt(now, "e") != a || x.QuotaAt(now, "d") != nil {
+		t.Fatal("a change did not share a's plan, or d is not deleted")
+	}
+	if n := quota.PlansForTest(&x); n != 3 {
+		t.Fatalf("%d plans before the fold, want 3", n)
+	}
+	x.Compact() // d's plan ("free") is no key's now
+	if n := quota.PlansForTest(&x); n != 2 || x.QuotaAt(now, "a") != a || x.QuotaAt(now, "c") != c {
+		t.Fatalf("%d plans after the fold (want 2), or a plan was not kept as it was", n)
+	}
+	// The quota Get returns is the key's own copy.
+	g := x.Get("a")
+	g.Overrides[0].RequestsPerUnit = 99
+	if x.Get("a").Overrides[0].RequestsPerUnit != 7 || a.Overrides[0].RequestsPerUnit != 7 {
+		t.Fatal("Get handed out the plan's overrides")
+	}
+}
+
+// Readers see every key's quota whole, and never older than a quota they
+// saw before, while one writer changes keys, deletes and re-adds others,
+// and folds and compacts the delta (run with -race).
+func TestIndexConcurrentReaders(t *testing.T) {
+	const keys = 2000
+	var x quota.Index
+	quotaOf := func(k, gen int) *quota.Quota {
+		return mkQuota(fmt.Sprint("k", k), fmt.Sprint("t", gen), quota.Override{Descriptor: "tier:pro", RequestsPerUnit: int64(gen), Unit: rules.Minute})
+	}
+	all := make([]*quota.Quota, keys)
+	for k := range all {
+		all[k] = quotaOf(k, 0)
+	}
+	x.Replace(all, 1)
+	stop := make(chan struct{})
+	errs := make(chan error, 4)
+	var wg sync.WaitGroup
+	for r := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(r), 1))
+			seen := make([]int64, keys)
+			for {
+				select {
+				case <-stop:
+					errs <- nil
+					return
+				default:
+				}
+				k := rng.IntN(keys)
+				p := x.QuotaAt(time.Now().UnixNano(), fmt.Sprint("k", k))
+				if p == nil {
+					if k%10 != 0 { // only keys k0, k10, … are ever deleted
+						errs <- fmt.Errorf("k%d has no quota", k)
+						return
+					}
+					continue
+				}
+				gen := p.Overrides[0].RequestsPerUnit
+				if p.Tier != fmt.Sprint("t", gen) || gen < seen[k] {
+					errs <- fmt.Errorf("k%d: tier %s with override %d, after %d", k, p.Tier, gen, seen[k])
+					return
+				}
+				seen[k] = gen
+			}
+		}()
+	}
+	rng := rand.New(rand.NewPCG(2, 3))
+	for step := 1; step <= 300; step++ {
+		var cs []quota.Change
+		for range 1 + rng.IntN(100) {
+			k := rng.IntN(keys)
+			if k%10 == 0 && rng.IntN(2) == 0 {
+				cs = append(cs, quota.Change{APIKey: fmt.Sprint("k", k)})
+			} else {
+				cs = append(cs, quota.Change{APIKey: fmt.Sprint("k", k), Quota: quotaOf(k, step)})
+			}
+		}
+		x.Apply(cs, int64(step+1))
+		if step%50 == 0 {
+			x.Compact()
+		}
+	}
+	close(stop)
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	wg.Wait()
 }

@@ -71,7 +71,9 @@ func (s *Syncer) Start(ctx context.Context, timeout time.Duration) error {
 		s.log().Error("quotas: the store does not answer; starting without quotas until it does", "err", err)
 		return nil
 	}
-	all, v, ferr := ReadSnapshot(s.SnapshotPath)
+	// Built as the file is read: the quotas are not held twice.
+	var b *builder
+	v, ferr := readSnapshotEach(s.SnapshotPath, func(n, keyBytes int) { b = s.Index.builder(n, keyBytes) }, func(q *Quota) { b.add(q) })
 	switch {
 	case errors.Is(ferr, os.ErrNotExist):
 		s.log().Error("quotas: the store does not answer and there is no snapshot; starting without quotas until it does", "err", err)
@@ -79,8 +81,8 @@ func (s *Syncer) Start(ctx context.Context, timeout time.Duration) error {
 	case ferr != nil:
 		return ferr
 	}
-	s.Index.Replace(all, v)
-	s.log().Warn("quotas: the store does not answer; enforcing the last snapshot until it does", "err", err, "file", s.SnapshotPath, "quotas", len(all), "version", v)
+	s.Index.replaceTable(b.seed, b.t, b.ps, v)
+	s.log().Warn("quotas: the store does not answer; enforcing the last snapshot until it does", "err", err, "file", s.SnapshotPath, "quotas", b.t.n, "version", v)
 	return nil
 }
 
