@@ -50,7 +50,7 @@ func (x *Index) QuotaAt(now int64, key string) *Plan {
 	if sl == nil || sl.plan == tombstonePlan {
 		return nil
 	}
-	if eff, exp := t.times(sl.rec); !inForce(now, eff, exp) {
+	if !t.inForce(sl, now) {
 		return nil
 	}
 	return s.plans[sl.plan]

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"runtime"
 	"runtime/metrics"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -405,4 +406,40 @@ func TestIndexConcurrentReaders(t *testing.T) {
 		}
 	}
 	wg.Wait()
+}
+
+// Keys of every length are found, whether the slot holds them (up to 15
+// bytes) or their record does, and keys that differ only in their last
+// byte, or are a prefix of another, are not taken for each other; a key's
+// effective_at and expires_at are honoured either way.
+func TestIndexKeyLengths(t *testing.T) {
+	now := time.Now()
+	var all []*quota.Quota
+	for n := 1; n <= quota.MaxKeyBytes; n++ {
+		q := mkQuota(strings.Repeat("a", n-1)+"b", fmt.Sprint("t", n))
+		if n%2 == 0 { // in force only from an hour on
+			q.EffectiveAt = quota.TimeOf(now.Add(time.Hour))
+		}
+		all = append(all, q)
+	}
+	var x quota.Index
+	x.Replace(all, 1)
+	x.Apply([]quota.Change{{APIKey: strings.Repeat("z", 20), Quota: mkQuota(strings.Repeat("z", 20), "delta")}}, 2)
+	for n := 1; n <= quota.MaxKeyBytes; n++ {
+		key := strings.Repeat("a", n-1) + "b"
+		for _, at := range []time.Time{now, now.Add(2 * time.Hour)} {
+			p := x.QuotaAt(at.UnixNano(), key)
+			if want := n%2 == 1 || at.After(now); (p != nil) != want || (p != nil && p.Tier != fmt.Sprint("t", n)) {
+				t.Fatalf("key of %d bytes at %v: plan %+v, want in force %v", n, at.Sub(now), p, want)
+			}
+		}
+		for _, other := range []string{strings.Repeat("a", n-1) + "c", strings.Repeat("a", n), key + "b", "x" + key} {
+			if got := x.Get(other); got != nil {
+				t.Fatalf("%q found as %q", other, got.APIKey)
+			}
+		}
+	}
+	if p := x.QuotaAt(now.UnixNano(), strings.Repeat("z", 20)); p == nil || p.Tier != "delta" {
+		t.Fatalf("the delta's long key: %+v", p)
+	}
 }

@@ -193,7 +193,7 @@ func scanTable(rows pgx.Rows, seed maphash.Seed, n int) (table, plans, error) {
 			merged.Tier, merged.EffectiveAt, merged.ExpiresAt, merged.UpdatedAt = cur.Tier, cur.EffectiveAt, cur.ExpiresAt, cur.UpdatedAt
 		}
 		sl.plan = ps.id(merged.Tier, merged.Overrides)
-		t.setTimes(sl.rec, &merged)
+		t.setTimes(sl, &merged)
 	}
 	err := scanRows(rows, func(k []byte) *Quota {
 		add()

@@ -17,10 +17,12 @@ import (
 // collector visit millions of pointers on every cycle, which on a PoP
 // serving checks was half of what 100k quotas cost it (see README "Tenant
 // quotas"). A slot holds the full 64-bit hash, compared first, the offset of
-// the key's record in recs and the index of its Plan (Index.plans); the
-// record holds the key's times, then its key bytes, so that a lookup of a
-// key not in the CPU's caches misses twice (slot, record), not three times
-// (slot, key bytes, quota). A slot with rec 0 is empty; nothing is ever
+// the key's record in recs, the index of its Plan (Index.plans), the key's
+// length and, when it is at most 15 bytes, the key itself; the record holds
+// the key's times, then its key bytes. So a lookup of a key not in the
+// CPU's caches misses once (the slot) for a short key without effective_at
+// or expires_at, else twice (slot, record) — not three times (slot, key
+// bytes, quota) as when slots pointed at both. A slot with rec 0 is empty; nothing is ever
 // removed (a deletion is a new table, or a tombstone in a delta). Its size
 // is not a power of two — a hash picks its slot by multiplication (Lemire's
 // fast range) — so that it takes about 4/3 of a slot per key, not up to 8/3.
@@ -34,9 +36,51 @@ type table struct {
 }
 
 type slot struct {
-	hash uint64
-	rec  uint32 // offset of the key's record in recs; 0: empty
-	plan uint32 // the key's plan in Index.plans; tombstonePlan: deleted
+	hash   uint64
+	rec    uint32   // offset of the key's record in recs; 0: empty
+	plan   uint32   // the key's plan in Index.plans; tombstonePlan: deleted
+	head   uint8    // the key's length, plus slotTimed
+	inline [15]byte // the key, when it is that short (32 bytes a slot)
+}
+
+// slotTimed marks in a slot's head a key whose record has an effective_at or
+// expires_at: one without needs no look at its record to be found in force.
+const slotTimed = 0x80
+
+// newSlot returns the slot of key (hash h) with its record at rec, timed
+// when it has an effective_at or expires_at (q nil: none).
+func newSlot[K string | []byte](h uint64, key K, rec, plan uint32, q *Quota) slot {
+	s := slot{hash: h, rec: rec, plan: plan, head: uint8(len(key))}
+	if q != nil && (q.EffectiveAt != 0 || q.ExpiresAt != 0) {
+		s.head |= slotTimed
+	}
+	if len(key) <= len(s.inline) {
+		copy(s.inline[:], key)
+	}
+	return s
+}
+
+// is reports whether s, of t, holds key: from the slot alone for a short
+// key, else from its record.
+func is[K string | []byte](t *table, s *slot, key K) bool {
+	n := int(s.head &^ slotTimed)
+	if n != len(key) {
+		return false
+	}
+	if n <= len(s.inline) {
+		return string(s.inline[:n]) == string(key)
+	}
+	return string(t.key(s.rec)) == string(key)
+}
+
+// inForce reports whether the key of s, of t, has its quota in force at
+// now.
+func (t *table) inForce(s *slot, now int64) bool {
+	if s.head&slotTimed == 0 {
+		return true
+	}
+	eff, exp := t.times(s.rec)
+	return inForce(now, eff, exp)
 }
 
 // A record is the key's EffectiveAt, ExpiresAt and UpdatedAt (8 bytes each,
@@ -99,7 +143,7 @@ func findIn[K string | []byte](t *table, h uint64, key K) *slot {
 		if s.rec == 0 {
 			return nil
 		}
-		if s.hash == h && string(t.key(s.rec)) == string(key) {
+		if s.hash == h && is(t, s, key) {
 			return s
 		}
 		if i++; i == len(t.slots) {
@@ -127,9 +171,13 @@ func appendRec[K string | []byte](t *table, key K, q *Quota) uint32 {
 	return uint32(off)
 }
 
-// setTimes writes q's times over the record at off (same key, same size).
-func (t *table) setTimes(off uint32, q *Quota) {
-	r := t.recs[off:]
+// setTimes writes q's times over the record of s (same key, same size).
+func (t *table) setTimes(s *slot, q *Quota) {
+	s.head &^= slotTimed
+	if q.EffectiveAt != 0 || q.ExpiresAt != 0 {
+		s.head |= slotTimed
+	}
+	r := t.recs[s.rec:]
 	binary.LittleEndian.PutUint64(r[recEffective:], uint64(q.EffectiveAt))
 	binary.LittleEndian.PutUint64(r[recExpires:], uint64(q.ExpiresAt))
 	binary.LittleEndian.PutUint64(r[recUpdated:], uint64(q.UpdatedAt))
@@ -154,11 +202,11 @@ func (t *table) grow() {
 // replacing what it held.
 func set[K string | []byte](t *table, h uint64, key K, q *Quota, plan uint32) {
 	if s := findIn(t, h, key); s != nil {
-		s.rec, s.plan = appendRec(t, key, q), plan
+		*s = newSlot(h, key, appendRec(t, key, q), plan, q)
 		return
 	}
 	t.grow()
-	t.insert(slot{hash: h, rec: appendRec(t, key, q), plan: plan})
+	t.insert(newSlot(h, key, appendRec(t, key, q), plan, q))
 }
 
 // insert puts s, of a key not in t, in its first free slot. It requires
@@ -181,14 +229,15 @@ func (t *table) insert(s slot) {
 func (t *table) copyFrom(from *table, s *slot, plan uint32) {
 	key := from.key(s.rec)
 	r := from.recs[s.rec : int(s.rec)+recKey+len(key)]
+	c := *s
+	c.rec, c.plan = uint32(len(t.recs)), plan
+	t.recs = append(t.recs, r...)
 	if d := t.findBytes(s.hash, key); d != nil {
-		d.rec, d.plan = uint32(len(t.recs)), plan
-		t.recs = append(t.recs, r...)
+		*d = c
 		return
 	}
 	t.grow()
-	t.insert(slot{hash: s.hash, rec: uint32(len(t.recs)), plan: plan})
-	t.recs = append(t.recs, r...)
+	t.insert(c)
 }
 
 // each calls fn with every slot held, in slot order.
