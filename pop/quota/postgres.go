@@ -281,12 +281,10 @@ func scanRows(rows pgx.Rows, quota func(key []byte) *Quota) error {
 }
 
 // slabs hands out quotas, overrides and strings carved from larger
-// allocations: fewer objects to allocate, and fewer for the garbage
-// collector to visit on every cycle for as long as the quotas are held (on a
-// PoP serving checks with 100k quotas from per-quota objects, marking them
-// was several per cent of its CPU). A slab lives as long as any quota carved from it: a PoP that
-// later replaces most keys one by one keeps some slabs partly used, bounded
-// by the slab size per live key.
+// allocations: fewer objects to allocate when many quotas are read at once
+// (a store's snapshot, a snapshot file read whole). An Index holds none of
+// them: it copies what it keeps into its own pointer-free arrays. A slab
+// lives as long as any quota carved from it.
 type slabs struct {
 	quotas    []Quota
 	overrides []Override
