@@ -25,6 +25,17 @@ type Config struct {
 	// Conn is the connection to this region's NATS servers (the embedded
 	// server, or an external cluster). The Replicator does not close it.
 	Conn *nats.Conn
+	// Direct holds, by region, connections to other regions' NATS servers
+	// (edgelimit pop --nats-direct). On each the Replicator takes that
+	// region's delta batches and bits straight off their subjects, all the
+	// time, beside the stream: a second path between the regions on a TCP
+	// connection of its own. A TCP connection that loses a segment holds
+	// everything behind it until the segment is sent again (200 ms and
+	// more), and the stream sources every region over one; two connections
+	// stall together only when both lose at once. What arrives both ways is
+	// joined twice, which changes nothing. The Replicator does not close
+	// them.
+	Direct map[string]*nats.Conn
 	// Counts is the PoP's counter store. When it is a Saver (the durable
 	// layer, Persisted), the Replicator saves every flush's own slots before
 	// it publishes them. When it is an UrgentNotifier, a key near its limit
@@ -142,6 +153,16 @@ func New(cfg Config) (*Replicator, error) {
 	}
 	if cfg.Counts == nil {
 		return nil, errors.New("replication: config has no Counts")
+	}
+	for region, nc := range cfg.Direct {
+		switch {
+		case nc == nil:
+			return nil, fmt.Errorf("replication: no connection for the direct path to region %q", region)
+		case region == cfg.Region:
+			return nil, fmt.Errorf("replication: a direct path to this PoP's own region %q (its batches come from its own servers)", region)
+		case cfg.Topology.Regions[region] == nil:
+			return nil, fmt.Errorf("replication: a direct path to region %q, which is not in the topology (regions: %v)", region, cfg.Topology.Names())
+		}
 	}
 	streams := make(map[string]string)
 	for _, r := range cfg.Topology.Names() {

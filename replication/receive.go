@@ -46,8 +46,10 @@ func (r *Replicator) onHello(m *nats.Msg) {
 }
 
 // onDirectDelta takes a delta batch of another region straight off its
-// subject while stream sourcing from that region is stalled. Messages it
-// cannot decode are left to the stream path, which drops and counts them.
+// subject: on a direct connection to that region (Config.Direct), and on
+// this region's connection while stream sourcing from that region is
+// stalled. Messages it cannot decode are left to the stream path, which
+// drops and counts them.
 func (r *Replicator) onDirectDelta(m *nats.Msg) {
 	region, kind, pop, ok := parseSubject(m.Subject)
 	if !ok || kind != kindDelta || region == r.cfg.Region || pop == r.cfg.POP {
@@ -61,8 +63,8 @@ func (r *Replicator) onDirectDelta(m *nats.Msg) {
 }
 
 // onDirectBits takes a MitigationBatch of another region straight off its
-// subject while stream sourcing from that region is stalled. Messages it
-// cannot decode are left to the stream path, which drops and counts them.
+// subject, as onDirectDelta takes a delta batch. Messages it cannot decode
+// are left to the stream path, which drops and counts them.
 func (r *Replicator) onDirectBits(m *nats.Msg) {
 	region, kind, pop, ok := parseSubject(m.Subject)
 	if !ok || kind != kindBits || region == r.cfg.Region || pop == r.cfg.POP {

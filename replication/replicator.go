@@ -68,8 +68,10 @@ var ErrRunning = errors.New("replication: replicator already running")
 // tell a PoP when it may have missed another PoP's messages, and it then
 // publishes a snapshot at once; and while the stream's source of a region is
 // stalled, that region's delta batches are applied straight off their
-// subjects too. Whatever arrives twice is joined twice, which changes
-// nothing.
+// subjects too. With Config.Direct a third path takes other regions' delta
+// batches and bits off their subjects on connections of their own, all the
+// time, so that a link held up behind a lost segment does not hold them.
+// Whatever arrives twice is joined twice, which changes nothing.
 //
 // Why an ordered consumer, not a durable one: the durable layer already
 // persists the stream position (OnApplied) next to the merged counts it

@@ -60,7 +60,40 @@ func (r *Replicator) subscribe() ([]*nats.Subscription, error) {
 	// buffer the client drops some (a slow consumer); the stream path still
 	// brings them.
 	_ = snaps.SetPendingLimits(-1, 64<<20)
-	return []*nats.Subscription{hello, snaps}, nil
+	subs := []*nats.Subscription{hello, snaps}
+	for _, region := range slices.Sorted(maps.Keys(r.cfg.Direct)) {
+		more, err := r.subscribeRegion(r.cfg.Direct[region], region)
+		if err != nil {
+			for _, s := range subs {
+				_ = s.Unsubscribe()
+			}
+			return nil, fmt.Errorf("%w, on the direct path (Config.Direct)", err)
+		}
+		subs = append(subs, more...)
+	}
+	return subs, nil
+}
+
+// subscribeRegion subscribes, on nc, to region's delta batches and, when
+// this PoP applies bits, to its bits, straight off their subjects.
+func (r *Replicator) subscribeRegion(nc *nats.Conn, region string) ([]*nats.Subscription, error) {
+	sub, err := nc.Subscribe(subjectRoot+"."+region+"."+kindDelta+".*", r.onDirectDelta)
+	if err != nil {
+		return nil, fmt.Errorf("replication: subscribe to region %s's batches: %w", region, err)
+	}
+	// Batches come in bursts after a heal; past this buffer the client
+	// drops some (a slow consumer), which the stream still brings.
+	_ = sub.SetPendingLimits(-1, 64<<20)
+	subs := []*nats.Subscription{sub}
+	if r.cfg.Bits != nil {
+		bsub, err := nc.Subscribe(subjectRoot+"."+region+"."+kindBits+".*", r.onDirectBits)
+		if err != nil {
+			_ = sub.Unsubscribe()
+			return nil, fmt.Errorf("replication: subscribe to region %s's bits: %w", region, err)
+		}
+		subs = append(subs, bsub)
+	}
+	return subs, nil
 }
 
 // setup ensures the region's stream and starts the ordered consumer on it,
@@ -176,21 +209,10 @@ func (r *Replicator) watchSources(ctx context.Context) {
 			subs := direct[region]
 			switch ok := healthy[StreamName(region)]; {
 			case !ok && subs == nil:
-				sub, err := r.cfg.Conn.Subscribe(subjectRoot+"."+region+"."+kindDelta+".*", r.onDirectDelta)
+				subs, err := r.subscribeRegion(r.cfg.Conn, region)
 				if err != nil {
 					r.limit.log(r.log, logSetup, slog.LevelWarn, "replication: cannot subscribe to a region's batches", "from_region", region, "err", err)
 					continue
-				}
-				_ = sub.SetPendingLimits(-1, 64<<20)
-				subs = []*nats.Subscription{sub}
-				if r.cfg.Bits != nil {
-					bsub, err := r.cfg.Conn.Subscribe(subjectRoot+"."+region+"."+kindBits+".*", r.onDirectBits)
-					if err != nil {
-						unsubscribe(subs)
-						r.limit.log(r.log, logSetup, slog.LevelWarn, "replication: cannot subscribe to a region's bits", "from_region", region, "err", err)
-						continue
-					}
-					subs = append(subs, bsub)
 				}
 				direct[region] = subs
 				r.log.Info("replication: stream sourcing from region stalled; taking its batches directly", "from_region", region)

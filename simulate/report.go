@@ -17,6 +17,9 @@ type Report struct {
 	PoPs, Regions    int
 	OfferedPerSecond float64
 	FlushInterval    time.Duration
+	// Direct is Scenario.Direct: edgelimit's PoPs have a direct path to the
+	// other regions.
+	Direct bool
 	// Sources is the number of traffic sources and Keys the number of
 	// distinct limit keys they use.
 	Sources, Keys int
@@ -132,6 +135,9 @@ func (rep Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(&b, "scenario %s  seed %d  duration %v  limit %d/%s %s  pops %d in %d regions  offered %.0f/s  flush %v\n",
 		rep.Scenario, rep.Seed, rep.Duration, rep.Limit, rep.Unit, rep.Algorithm,
 		rep.PoPs, rep.Regions, rep.OfferedPerSecond, rep.FlushInterval)
+	if rep.Direct {
+		b.WriteString("edgelimit's PoPs take other regions' batches on a direct path too (edgelimit pop --nats-direct)\n")
+	}
 	fmt.Fprintf(&b, "sources %d  keys %d  tracked key %q\n\n", rep.Sources, rep.Keys, rep.Tracked)
 	fmt.Fprintf(&b, "%-12s %10s %10s %8s %8s %9s %9s %9s %9s %9s %11s\n",
 		"strategy", "decisions", "admitted", "worst", "worst%", "mean%/win", "wrong%", "f-allow%", "f-deny%", "legit%", "deny-lag")

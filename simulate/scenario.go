@@ -37,7 +37,18 @@ type Scenario struct {
 	// retransmission (200 ms) late, with every message behind it.
 	Loss float64 `yaml:"loss"`
 	// Duplicate is the probability that a message to one PoP arrives twice.
-	Duplicate  float64     `yaml:"duplicate"`
+	Duplicate float64 `yaml:"duplicate"`
+	// Direct gives every PoP a second path to the other regions, as
+	// `edgelimit pop --nats-direct` does: a connection of its own to each
+	// other region's NATS servers, on which it takes that region's delta
+	// batches and bits straight off their subjects, beside the stream. Each
+	// such message then crosses every link between regions twice, on two
+	// connections that lose and stall independently (a TCP connection held
+	// behind a lost segment holds only itself), and the first copy to
+	// arrive counts; the second joins again, which changes nothing. Only
+	// the edgelimit strategy has it (the others are the baselines); its
+	// bytes count both copies.
+	Direct     bool        `yaml:"direct"`
 	Partitions []Partition `yaml:"partitions"`
 	// BitsInterval is replication's BitsInterval: a PoP publishes the
 	// mitigation bits it issues at once, at most once per BitsInterval;

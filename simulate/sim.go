@@ -303,6 +303,7 @@ type run struct {
 
 	messages, bytes int64
 	linkFree        [][]int64 // per pair of regions: when the link delivers its latest message (linkAt)
+	directFree      [][]int64 // per region and PoP, the same for the PoP's direct path (Scenario.Direct), nil without one
 	pubAt           []int64   // publish's scratch: per region, when the message arrives there
 	latencyNs       int64     // Σ added decision latency (centralized)
 	lastSweep       []int64
@@ -373,6 +374,7 @@ func RunWith(sc Scenario, opt Options) (Report, error) {
 		Limit: spec.Limit, Unit: sc.Limit.Unit, Algorithm: sc.Limit.Algorithm,
 		PoPs: len(top.pops), Regions: len(top.regions),
 		FlushInterval: sc.FlushInterval,
+		Direct:        sc.Direct,
 		Sources:       len(srcs), Keys: len(keys), Tracked: keys[tk],
 		SeriesStep: time.Duration(step),
 	}
@@ -580,9 +582,9 @@ func (r *run) startCores() error {
 	}
 	r.cores, r.tickAt, r.urgent = make([]*core.Core, n), make([]int64, n), make([]<-chan struct{}, n)
 	r.lastSweep, r.lastBitSweep, r.share = make([]int64, n), make([]int64, n), make([]float64, n)
-	r.linkFree, r.pubAt = make([][]int64, len(r.top.regions)), make([]int64, len(r.top.regions))
-	for a := range r.linkFree {
-		r.linkFree[a] = make([]int64, len(r.top.regions))
+	r.linkFree, r.pubAt = grid(len(r.top.regions), len(r.top.regions)), make([]int64, len(r.top.regions))
+	if r.sc.Direct && r.strategy == Edgelimit {
+		r.directFree = grid(len(r.top.regions), n)
 	}
 	for i := range n {
 		r.share[i] = 1
@@ -792,9 +794,19 @@ func (r *run) publish(p int, m core.Message) {
 	// when is when the PoPs of region b get the message, or -2 never.
 	when := func(b int, held bool) int64 {
 		if r.pubAt[b] == -1 {
-			r.pubAt[b] = r.linkAt(a, b, held)
+			r.pubAt[b] = r.linkAt(r.linkFree[a], b, a, b, held)
 		}
 		return r.pubAt[b]
+	}
+	// direct is when PoP j gets the message's copy on its own direct
+	// connection to region a, or -2 never: a core NATS message, lost on a
+	// cut link; none within a region, whose PoPs share their servers.
+	direct := func(j int) int64 {
+		b := r.top.region[j]
+		if r.directFree == nil || b == a || (m.Kind != core.Delta && m.Kind != core.BitsBatch) {
+			return -2
+		}
+		return r.linkAt(r.directFree[a], j, a, b, false)
 	}
 	if m.Kind == core.Hello {
 		msg := &message{from: p, m: m}
@@ -840,7 +852,21 @@ func (r *run) publish(p int, m core.Message) {
 			r.bytes += size
 			r.q.schedule(event{at: at, kind: evDeliver, idx: j, msg: msg})
 		}
+		if at := direct(j); at >= 0 {
+			r.messages++
+			r.bytes += size
+			r.q.schedule(event{at: at, kind: evDeliver, idx: j, msg: msg})
+		}
 	}
+}
+
+// grid returns a rows × cols table of zeros.
+func grid(rows, cols int) [][]int64 {
+	t := make([][]int64, rows)
+	for a := range t {
+		t[a] = make([]int64, cols)
+	}
+	return t
 }
 
 // retransmit is how late a message lost on a link arrives. NATS rides TCP:
@@ -850,7 +876,9 @@ func (r *run) publish(p int, m core.Message) {
 const retransmit = int64(200 * time.Millisecond)
 
 // linkAt returns when a message published now from region a reaches region
-// b's PoPs, or -2 when it never does (a beacon, not held, on a cut link).
+// b's PoPs, or -2 when it never does (a beacon, not held, on a cut link), on
+// the connection whose latest delivery free[i] holds (linkFree[a][b]; or
+// directFree[a][j], PoP j's own direct connection to region a).
 // Region b's PoPs read one stream, fed over one connection from region a:
 // messages arrive in the order they were sent, at the latency between the
 // regions (plus jitter), held across a cut until it heals; on a link
@@ -860,7 +888,7 @@ const retransmit = int64(200 * time.Millisecond)
 // absolute counts repaired it 10 ms later, where TCP stalls the link for
 // 200 ms; the lab, which loses chunks as TCP does, measured a partition
 // scenario's first window 16.9% over where the simulator said under 1%.)
-func (r *run) linkAt(a, b int, held bool) int64 {
+func (r *run) linkAt(free []int64, i, a, b int, held bool) int64 {
 	heal := r.top.healAt(a, b, r.q.now)
 	if heal > r.q.now && !held {
 		return -2
@@ -869,8 +897,8 @@ func (r *run) linkAt(a, b int, held bool) int64 {
 	if loss := r.top.loss[a][b]; loss > 0 && r.q.rand.Float64() < loss {
 		at += retransmit
 	}
-	at = max(at, r.linkFree[a][b])
-	r.linkFree[a][b] = at
+	at = max(at, free[i])
+	free[i] = at
 	return at
 }
 

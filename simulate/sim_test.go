@@ -605,3 +605,43 @@ func TestWireSize(t *testing.T) {
 		}
 	}
 }
+
+// TestDirect: with a direct path (Scenario.Direct), a link held up behind a
+// lost message no longer holds edgelimit's news — at 1% loss its overshoot
+// falls — and the copies it carries are counted on the wire; the baselines
+// run as before.
+func TestDirect(t *testing.T) {
+	sc, err := ParseScenario([]byte(`
+seed: 3
+duration: 10s
+regions: [{name: us, pops: [a, b]}, {name: eu, pops: [c, d]}]
+latency: [{from: us, to: eu, ms: 40, jitter_ms: 5}]
+loss: 0.01
+limit: {requests_per_unit: 1000, unit: second}
+sources: [{rate: 5000, spread: spray}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, out := table(t, sc)
+	sc.Direct = true
+	direct, outDirect := table(t, sc)
+	t.Logf("without:\n%s\nwith:\n%s", out, outDirect)
+	for i, r := range plain.Results {
+		d := direct.Results[i]
+		if r.Strategy != "edgelimit" {
+			if d.Admitted != r.Admitted || d.Messages != r.Messages || d.Bytes != r.Bytes {
+				t.Errorf("%s changed with a direct path (admitted %d → %d, messages %d → %d)", r.Strategy, r.Admitted, d.Admitted, r.Messages, d.Messages)
+			}
+			continue
+		}
+		if d.Messages <= r.Messages || d.Bytes <= r.Bytes {
+			t.Errorf("edgelimit: %d messages, %d bytes with a direct path, %d and %d without: its copies are not counted",
+				d.Messages, d.Bytes, r.Messages, r.Bytes)
+		}
+		if 2*d.WorstOvershoot > r.WorstOvershoot || d.MeanWindowExcess >= r.MeanWindowExcess {
+			t.Errorf("edgelimit: worst %d, mean %.2f%% with a direct path; %d, %.2f%% without: want under half the worst and a lower mean",
+				d.WorstOvershoot, d.MeanWindowExcess, r.WorstOvershoot, r.MeanWindowExcess)
+		}
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgelimit/edgelimit/deploy/lab/faultnet"
 	"github.com/edgelimit/edgelimit/pop/poptest"
 	"github.com/edgelimit/edgelimit/pop/store/redistest"
 )
@@ -432,5 +433,62 @@ func TestPoPHardeningFlags(t *testing.T) {
 	out, err := exec.Command(bin, "pop", "--listen", freeAddr(t), "--rules", empty, "--data", filepath.Join(dir, "d2")).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "--allow-empty-rules") {
 		t.Errorf("start on an empty rules directory: %v\n%s\nwant a failure naming --allow-empty-rules", err, out)
+	}
+}
+
+// Three PoPs share a global limit across two regions whose link is held up
+// behind a lost segment (every chunk on it arrives 3 s late). b, in region
+// us, has a connection of its own to region eu's NATS server
+// (--nats-direct); c, in us too, has not. After a, in eu, admits the whole
+// limit, c, which hears them only over the stalled link, still admits, and b
+// denies: it heard a's counts on the direct path.
+func TestPoPsDirectPath(t *testing.T) {
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "rules.yaml")
+	os.WriteFile(rules, []byte("domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: hour, requests_per_unit: 10, scope: global}\n"+
+		"  - key: warm\n    rate_limit: {unit: hour, requests_per_unit: 1000, scope: global}\n"), 0o644)
+	port := func() string { return strings.Split(freeAddr(t), ":")[1] }
+	leaf, natsA, natsB := port(), port(), port()
+	link, err := faultnet.NewProxy("127.0.0.1:" + leaf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { link.Close() })
+	a, b, c := freeAddr(t), freeAddr(t), freeAddr(t)
+	common := []string{"--rules", rules, "--topology", "eu=a;us=b,c", "--flush-interval", "50ms", "--log-level", "warn"}
+	startPoP(t, bin, append([]string{"--listen", a, "--data", filepath.Join(dir, "a"), "--region", "eu", "--pop", "a",
+		"--nats-port", natsA, "--nats-leaf-port", leaf}, common...)...)
+	startPoP(t, bin, append([]string{"--listen", b, "--data", filepath.Join(dir, "b"), "--region", "us", "--pop", "b",
+		"--nats-port", natsB, "--nats-leaf-remote", "nats-leaf://" + link.Addr(),
+		"--nats-direct", "eu=nats://127.0.0.1:" + natsA}, common...)...)
+	// c uses b's server, as the PoPs of a region share theirs.
+	startPoP(t, bin, append([]string{"--listen", c, "--data", filepath.Join(dir, "c"), "--region", "us", "--pop", "c",
+		"--nats", "nats://127.0.0.1:" + natsB}, common...)...)
+	// Wait until the link is up: a's counts of another key reach both.
+	deadline := time.Now().Add(20 * time.Second)
+	for !appliedSome(t, b) || !appliedSome(t, c) {
+		if time.Now().After(deadline) {
+			t.Fatal("b and c applied nothing from a within 20s")
+		}
+		checkKey(t, a, "warm")
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := link.SetLink(faultnet.Link{Loss: 1, Retransmit: 3 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if code := popCheck(t, a); code != 200 {
+			t.Fatalf("a's check %d of a global limit of 10: %d", i+1, code)
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // a's flush, and the direct path's few ms
+	// c first: b's denial issues a mitigation bit, which reaches c within
+	// the region at once.
+	if code := popCheck(t, c); code != 200 {
+		t.Errorf("c (stream only) answered %d within the stall, want 200: the link was not held up", code)
+	}
+	if code := popCheck(t, b); code != 429 {
+		t.Errorf("b (direct path to eu) answered %d after a admitted the whole limit, want 429", code)
 	}
 }

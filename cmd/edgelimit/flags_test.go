@@ -5,9 +5,12 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/replication"
 )
 
 func testFlags() (*flag.FlagSet, *string, *string, *time.Duration, *listFlag) {
@@ -117,5 +120,35 @@ func TestSimCommand(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	if code := run([]string{"sim", "missing.yaml"}, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "missing.yaml") {
 		t.Fatalf("missing scenario: exit %d, %q", code, stderr.String())
+	}
+}
+
+// --nats-direct names other regions of --topology, each with server URLs; a
+// PoP refuses to start on anything else and says what is wrong.
+func TestNatsDirectFlag(t *testing.T) {
+	rules := filepath.Join("..", "..", "deploy", "examples", "rules.yaml")
+	base := []string{"pop", "--region", "eu", "--pop", "a", "--topology", "eu=a;us=b;ap=c", "--rules", rules, "--data", t.TempDir()}
+	for _, c := range []struct {
+		direct, want string
+	}{
+		{"eu=nats://127.0.0.1:4222", `region "eu" is this PoP's own`},
+		{"sa=nats://127.0.0.1:4222", `region "sa" is not in --topology (regions: ap, eu, us)`},
+		{"us=nats://127.0.0.1:4222;us=nats://127.0.0.1:4223", `region "us" is named twice`},
+		{"us=127.0.0.1:4222", `"127.0.0.1:4222" is not a nats:// or tls:// URL`},
+		{"us=", `region "us" has no server URL`},
+		{"nats://127.0.0.1:4222", "want region=nats://host:4222"},
+	} {
+		var out, errb bytes.Buffer
+		if code := run(append(slices.Clone(base), "--nats-direct", c.direct), &out, &errb); code != 1 || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("--nats-direct %q: exit %d, stderr %q, want %q", c.direct, code, errb.String(), c.want)
+		}
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"pop", "--nats-direct", "us=nats://127.0.0.1:4222", "--rules", rules}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "needs --region and --pop") {
+		t.Errorf("--nats-direct without --region: exit %d, stderr %q", code, errb.String())
+	}
+	direct, err := parseDirect(" us = nats://h1:4222, tls://h2:4222 ;ap=nats://h3:4222", replication.Topology{Regions: map[string][]string{"eu": {"a"}, "us": {"b"}, "ap": {"c"}}}, "eu")
+	if err != nil || len(direct) != 2 || direct["us"] != "nats://h1:4222,tls://h2:4222" || direct["ap"] != "nats://h3:4222" {
+		t.Errorf("parseDirect: %v, %v", direct, err)
 	}
 }

@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -32,6 +35,8 @@ type replFlags struct {
 	natsListen            int
 	leafListen            int
 	leafRemotes           listFlag
+	natsDirect            string            // --nats-direct as given
+	direct                map[string]string // from natsDirect: region -> its servers' URLs, comma-separated
 	flush                 time.Duration
 	urgent                time.Duration
 	snapshot              time.Duration
@@ -57,6 +62,9 @@ func domains(t replication.Topology) map[string]string {
 func (f *replFlags) validate() (replication.Topology, error) {
 	var t replication.Topology
 	if f.region == "" && f.pop == "" {
+		if f.natsDirect != "" {
+			return t, errors.New("--nats-direct links a replicated PoP to other regions: it needs --region and --pop")
+		}
 		return t, nil
 	}
 	if f.region == "" || f.pop == "" {
@@ -98,7 +106,50 @@ func (f *replFlags) validate() (replication.Topology, error) {
 			return t, fmt.Errorf("--nats-nkey: %w", err)
 		}
 	}
+	if f.direct, err = parseDirect(f.natsDirect, t, f.region); err != nil {
+		return t, fmt.Errorf("--nats-direct: %w", err)
+	}
 	return t, f.validateAuth(t)
+}
+
+// parseDirect reads --nats-direct, "region=url,url;region=url", into the
+// URLs of each region's servers, comma-separated. Every region must be
+// another region of t, named once, with at least one nats:// or tls:// URL.
+func parseDirect(s string, t replication.Topology, own string) (map[string]string, error) {
+	direct := map[string]string{}
+	for _, part := range strings.Split(s, ";") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		name, list, ok := strings.Cut(part, "=")
+		name = strings.TrimSpace(name)
+		if !ok || name == "" {
+			return nil, fmt.Errorf("%q: want region=nats://host:4222,nats://host:4222;region=…", part)
+		}
+		switch _, known := t.Regions[name]; {
+		case name == own:
+			return nil, fmt.Errorf("region %q is this PoP's own: its batches come from --nats", name)
+		case !known:
+			return nil, fmt.Errorf("region %q is not in --topology (regions: %s)", name, strings.Join(t.Names(), ", "))
+		case direct[name] != "":
+			return nil, fmt.Errorf("region %q is named twice", name)
+		}
+		var urls []string
+		for _, u := range strings.Split(list, ",") {
+			if u = strings.TrimSpace(u); u == "" {
+				continue
+			}
+			if !strings.HasPrefix(u, "nats://") && !strings.HasPrefix(u, "tls://") {
+				return nil, fmt.Errorf("region %q: %q is not a nats:// or tls:// URL", name, u)
+			}
+			urls = append(urls, u)
+		}
+		if len(urls) == 0 {
+			return nil, fmt.Errorf("region %q has no server URL", name)
+		}
+		direct[name] = strings.Join(urls, ",")
+	}
+	return direct, nil
 }
 
 // replicator returns the node's Replicate hook: restore the store from
@@ -165,8 +216,23 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			return nil, nil, fmt.Errorf("nats %s: %w", url, err)
 		}
 		cleanup = append(cleanup, nc.Close)
+		direct := make(map[string]*nats.Conn, len(f.direct))
+		for _, region := range slices.Sorted(maps.Keys(f.direct)) {
+			// The same credentials: every server of the deployment knows
+			// every PoP (edgelimit natsconf), and a PoP may subscribe to
+			// every region's batches.
+			dc, err := replication.Connect(replication.ConnConfig{URL: f.direct[region], Name: "edgelimit " + f.pop + " direct to " + region,
+				User: f.natsUser, Password: f.natsPass, NKeySeedFile: f.natsNKey, CredsFile: f.natsCreds, CAFile: f.natsCA, CertFile: f.natsCert, KeyFile: f.natsKey,
+				Logger: log.With("component", "nats-client", "direct_to", region)})
+			if err != nil {
+				closeAll()
+				return nil, nil, fmt.Errorf("--nats-direct %s=%s: %w", region, f.direct[region], err)
+			}
+			cleanup = append(cleanup, dc.Close)
+			direct[region] = dc
+		}
 		r, err := replication.New(replication.Config{
-			Region: f.region, POP: f.pop, Topology: t, Conn: nc, Counts: counts, Bits: bits,
+			Region: f.region, POP: f.pop, Topology: t, Conn: nc, Direct: direct, Counts: counts, Bits: bits,
 			FlushInterval: f.flush, BitsInterval: f.urgent, SnapshotInterval: f.snapshot, StartSeq: seq, OnApplied: counts.Applied,
 			UnreachableAfter: f.unreachableAfter, PartitionShare: f.partitionShare, SetGlobalShare: h.SetGlobalShare,
 			NoClockSync: !f.clockSync, MaxClockStep: f.maxClockStep, SetClockOffset: h.SetClockOffset,
@@ -177,7 +243,8 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			return nil, nil, err
 		}
 		reg.MustRegister(replicationCollector{r})
-		log.Info("replicating", "region", f.region, "pop", f.pop, "regions", len(t.Regions), "resume_after_seq", seq)
+		log.Info("replicating", "region", f.region, "pop", f.pop, "regions", len(t.Regions), "resume_after_seq", seq,
+			"direct_to", strings.Join(slices.Sorted(maps.Keys(direct)), ","))
 		catchUp := waitCatchUp(ctx, r, f.catchUp, h.CaughtUp, log)
 		reg.MustRegister(errorGauge(prometheus.GaugeOpts{
 			Name: "edgelimit_replication_catching_up",
@@ -284,7 +351,7 @@ var (
 		{"edgelimit_replication_applied_batches_total", "Other PoPs' delta batches applied (from the stream).", func(s replication.Stats) uint64 { return s.AppliedBatches }},
 		{"edgelimit_replication_applied_slots_total", "Slots of other PoPs applied from delta batches.", func(s replication.Stats) uint64 { return s.AppliedSlots }},
 		{"edgelimit_replication_applied_snapshots_total", "Other PoPs' snapshot messages applied (anti-entropy).", func(s replication.Stats) uint64 { return s.AppliedSnapshots }},
-		{"edgelimit_replication_direct_batches_total", "Other regions' batches taken off core NATS while stream sourcing was stalled.", func(s replication.Stats) uint64 { return s.DirectBatches }},
+		{"edgelimit_replication_direct_batches_total", "Other regions' batches taken straight off their subjects: on the direct path (--nats-direct), and while stream sourcing was stalled.", func(s replication.Stats) uint64 { return s.DirectBatches }},
 		{"edgelimit_mitigation_bits_published_total", "Mitigation bits JetStream acknowledged.", func(s replication.Stats) uint64 { return s.PublishedBits }},
 		{"edgelimit_mitigation_bits_applied_total", "Other PoPs' mitigation bits applied from batches.", func(s replication.Stats) uint64 { return s.AppliedBits }},
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/edgelimit/edgelimit/simulate"
 )
 
-const simUsage = `Usage: edgelimit sim [-seed N] [--json] [--html FILE] SCENARIO.yaml
+const simUsage = `Usage: edgelimit sim [-seed N] [--direct] [--json] [--html FILE] SCENARIO.yaml
 
 Runs a scenario (simulate/scenarios/ has examples) on a virtual clock with the
 real decision engine, CRDT code, mitigation bits and replication core, once per
@@ -42,6 +42,7 @@ func runSimTo(args []string, stdout, stderr io.Writer, tty bool) error {
 	seed := fs.Uint64("seed", 0, "random seed (0: the scenario's own)")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a table")
 	htmlFile := fs.String("html", "", "also write the report as an HTML page with charts to `FILE`")
+	direct := fs.Bool("direct", false, "give edgelimit's PoPs a direct path to the other regions, as edgelimit pop --nats-direct does\n(the scenario's direct: true)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), simUsage)
 		fs.PrintDefaults()
@@ -62,6 +63,7 @@ func runSimTo(args []string, stdout, stderr io.Writer, tty bool) error {
 	if *seed != 0 {
 		sc.Seed = *seed
 	}
+	sc.Direct = sc.Direct || *direct
 	// Open the page's file before the run, so that a path that cannot be
 	// written fails at once rather than after the simulation.
 	var page *os.File
