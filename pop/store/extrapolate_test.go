@@ -489,3 +489,83 @@ func TestClockStep(t *testing.T) {
 func perSecond(alg limit.Algorithm, n int64, v string) limit.Item {
 	return windowItem(rules.Second, alg, limit.ScopeGlobal, n, v)
 }
+
+// TestMirrorSteadyCap: a and b have admitted a key at the same pace, 100 a
+// second, for a window and a half; b's news comes every 50 ms, 40 ms on the
+// way. At the check, half into a window, when a's latest admissions ran a little faster than its pace (1.4×:
+// the room frees as the window slides, and a happened to take more of it),
+// the mirror would guess b at 1.4 times what b admitted; the guess stays
+// within steadyCap of b's own rate. When a admitted at three times its pace
+// (the room opened), the guess follows the mirror.
+func TestMirrorSteadyCap(t *testing.T) {
+	ms := int64(time.Millisecond)
+	t0 := limittest.T0.UnixNano() // a window starts here
+	for _, c := range []struct {
+		name   string
+		burst  int64 // a's admissions in its last 100 ms, against 10 at its pace
+		capped bool
+	}{
+		{"a little faster", 14, true},
+		{"the room opened", 30, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			// Near the limit (a and b admit 200 a second): a remembers its
+			// admissions and guesses b's.
+			it := perSecond(limit.SlidingWindow, 250, "steady")
+			key := string(it.Key)
+			s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+			end := t0 + 500*ms // the check, half into the window
+			var bAt []int64
+			for at := t0 - 1000*ms; at < end; at += 10 * ms {
+				bAt = append(bAt, at) // b: one hit each 10 ms
+			}
+			bCount := func(window, upTo int64) uint64 {
+				n := uint64(0)
+				for _, h := range bAt {
+					if h >= window && h < window+1000*ms && h <= upTo {
+						n++
+					}
+				}
+				return n
+			}
+			// step applies b's news due by at: sent every 50 ms, 40 ms on
+			// the way.
+			lastNews := t0 - 1050*ms
+			step := func(at int64) {
+				for sent := lastNews + 50*ms; sent+40*ms <= at; sent += 50 * ms {
+					s.ApplyAt(sent+40*ms, sent, []crdt.Slot{
+						{Key: key, Window: t0 - 1000*ms, Replica: "b", Count: bCount(t0-1000*ms, sent)},
+						{Key: key, Window: t0, Replica: "b", Count: bCount(t0, sent)},
+					})
+					lastNews = sent
+				}
+			}
+			for at := t0 - 1000*ms; at < end-100*ms; at += 10 * ms {
+				step(at)
+				if admit(t, s, at, it, 1) != 1 {
+					t.Fatal("denied far below the limit")
+				}
+			}
+			for i := range c.burst { // a's last 100 ms
+				at := end - 100*ms + i*100*ms/c.burst
+				step(at)
+				if admit(t, s, at, it, 1) != 1 {
+					t.Fatal("denied far below the limit")
+				}
+			}
+			step(end)
+			s.rep.mu.Lock()
+			st := s.rep.state(&it, end)
+			s.rep.mu.Unlock()
+			// What b admitted at its pace over the age of its news.
+			truth := 100 * float64(end-lastNews) / float64(time.Second)
+			t.Logf("b's news is %v old: %.1f hits at b's pace; guessed %.2f", time.Duration(end-lastNews), truth, st.Unheard)
+			if c.capped && st.Unheard > steadyCap*truth*1.01 {
+				t.Errorf("guessed %.2f of b's %.1f unheard hits: over steadyCap (%v) times b's rate", st.Unheard, truth, steadyCap)
+			}
+			if !c.capped && st.Unheard < 2*truth {
+				t.Errorf("guessed %.2f of b's %.1f unheard hits while a admitted at 3× its pace: the mirror was capped", st.Unheard, truth)
+			}
+		})
+	}
+}
