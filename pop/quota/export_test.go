@@ -23,3 +23,10 @@ func EncodeSnapshotForTest(w io.Writer, version int64, quotas []*Quota) error {
 
 // PlansForTest is the number of plans x's writer holds.
 func PlansForTest(x *Index) int { return len(x.plans.list) }
+
+// EncodeIndexForTest writes the binary snapshot of x's snapshot in force to
+// w, as the Syncer saves it.
+func EncodeIndexForTest(w io.Writer, x *Index) error {
+	v := x.view()
+	return encodeSnapshot(w, v.version, v.len(), v.quotas())
+}

@@ -3,7 +3,9 @@ package quota
 import (
 	"hash/maphash"
 	"iter"
+	"strings"
 	"sync/atomic"
+	"unsafe"
 )
 
 // Index holds every API key's quota in memory for the check path: a
@@ -77,14 +79,18 @@ func (x *Index) Get(key string) *Quota {
 	}
 	var q Quota
 	s.fill(&q, t, sl)
-	return q.Clone()
+	return copyOf(&q)
 }
 
-// fill sets q to the quota of slot sl of t; q.Overrides is the plan's own
-// (read-only, capped so that an append copies).
+// fill sets q to the quota of slot sl of t, sharing what s holds: q.APIKey
+// is the record's bytes (a published table's records are never written
+// again, so the string is as immutable as any) and q.Overrides the plan's
+// own (read-only, capped so that an append copies). Writing a snapshot file
+// of a million keys so makes no garbage; copyOf makes a quota to hand out.
 func (s *snapshot) fill(q *Quota, t *table, sl *slot) {
 	p := s.plans[sl.plan]
-	q.APIKey, q.Tier, q.Overrides = string(t.key(sl.rec)), p.Tier, p.Overrides[:len(p.Overrides):len(p.Overrides)]
+	key := t.key(sl.rec)
+	q.APIKey, q.Tier, q.Overrides = unsafe.String(unsafe.SliceData(key), len(key)), p.Tier, p.Overrides[:len(p.Overrides):len(p.Overrides)]
 	q.EffectiveAt, q.ExpiresAt = t.times(sl.rec)
 	q.UpdatedAt = t.updated(sl.rec)
 }
@@ -138,9 +144,17 @@ func (s *snapshot) len() int {
 func (s *snapshot) all() []*Quota {
 	out := make([]*Quota, 0, s.base.n+s.delta.n)
 	for q := range s.quotas() {
-		out = append(out, q.Clone())
+		out = append(out, copyOf(q))
 	}
 	return out
+}
+
+// copyOf returns a copy of q, filled from a snapshot, that shares nothing
+// with it.
+func copyOf(q *Quota) *Quota {
+	c := q.Clone()
+	c.APIKey = strings.Clone(q.APIKey)
+	return c
 }
 
 // Version is the version of the snapshot in force (0 when empty).

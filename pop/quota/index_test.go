@@ -1,6 +1,7 @@
 package quota_test
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
@@ -441,5 +442,42 @@ func TestIndexKeyLengths(t *testing.T) {
 	}
 	if p := x.QuotaAt(now.UnixNano(), strings.Repeat("z", 20)); p == nil || p.Tier != "delta" {
 		t.Fatalf("the delta's long key: %+v", p)
+	}
+}
+
+// The snapshot file is written straight from the index, base and delta,
+// without a copy of each quota (the Syncer saves after every change), and
+// reads back as the index's quotas.
+func TestIndexSnapshotWrite(t *testing.T) {
+	var x quota.Index
+	var all []*quota.Quota
+	for i := range 10_000 {
+		q := mkQuota(fmt.Sprintf("key-%08d-and-more", i), "pro")
+		if i%3 == 0 {
+			q.Overrides = []quota.Override{{Descriptor: "tier:pro", RequestsPerUnit: int64(i % 5), Unit: rules.Minute}}
+		}
+		all = append(all, q)
+	}
+	x.Replace(all, 1)
+	x.Apply([]quota.Change{{APIKey: "key-00000001-and-more"}, {APIKey: "new", Quota: mkQuota("new", "free")}}, 2)
+	var buf bytes.Buffer
+	allocs := testing.AllocsPerRun(3, func() {
+		buf.Reset()
+		if err := quota.EncodeIndexForTest(&buf, &x); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs > 100 {
+		t.Fatalf("writing a snapshot of 10k quotas allocates %v times", allocs)
+	}
+	body := buf.Bytes()[:buf.Len()-4] // without the checksum
+	got, v, err := quota.DecodeSnapshotBodyForTest(body)
+	if err != nil || v != 2 || len(got) != x.Len() {
+		t.Fatalf("read back %d quotas at version %d (%v), want %d at 2", len(got), v, err, x.Len())
+	}
+	for _, q := range got {
+		if want := x.Get(q.APIKey); !reflect.DeepEqual(q, want) {
+			t.Fatalf("%s: read back %+v, want %+v", q.APIKey, q, want)
+		}
 	}
 }
