@@ -44,6 +44,7 @@ func Permissions(region, pop string) (publish, subscribe []string) {
 		SnapshotSubject(region, pop),
 		BitsSubject(region, pop),
 		helloSubject(region, pop),
+		hotSubject(region, pop),
 		"$JS.API.INFO",
 		"$JS.API.STREAM.INFO." + stream,
 		"$JS.API.STREAM.CREATE." + stream,
@@ -55,6 +56,7 @@ func Permissions(region, pop string) (publish, subscribe []string) {
 	}
 	subscribe = []string{
 		subjectRoot + "." + helloToken + ".*.*",
+		subjectRoot + "." + hotToken + ".*.*",
 		subjectRoot + ".*." + kindDelta + ".*",
 		subjectRoot + ".*." + kindSnapshot + ".*",
 		subjectRoot + ".*." + kindBits + ".*",

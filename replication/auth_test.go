@@ -113,6 +113,7 @@ func TestPerPoPCredentials(t *testing.T) {
 	for subject, data := range map[string][]byte{
 		replication.DeltaSubject("eu", "par1"): marshal(t, forged),
 		"edgelimit._hello.us.iad1":             {1},
+		"edgelimit._hot.eu.par1":               marshal(t, forged), // the direct path's subject
 	} {
 		if err := forger.Publish(subject, data); err != nil {
 			t.Fatal(err)
@@ -128,6 +129,17 @@ func TestPerPoPCredentials(t *testing.T) {
 		}); err != nil {
 			t.Errorf("publishing on %s as ams1: %v (errors %v)", subject, err, v.errs)
 		}
+	}
+	// Its own hot subject it may publish on, and subscribe to others'.
+	hotSub, err := forger.SubscribeSync("edgelimit._hot.*.*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := forger.Publish("edgelimit._hot.eu.ams1", marshal(t, forged)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hotSub.NextMsg(2 * time.Second); err != nil {
+		t.Errorf("ams1 on its own hot subject: %v (errors %v)", err, v.errs)
 	}
 	// Its own subject it may use, and fra1 gets that.
 	own := &edgelimitpb.DeltaBatch{Replica: "ams1", Region: "eu", Seq: 1, SentUnixNano: time.Now().UnixNano()}

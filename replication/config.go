@@ -27,9 +27,9 @@ type Config struct {
 	Conn *nats.Conn
 	// Direct holds, by region, connections to other regions' NATS servers
 	// (edgelimit pop --nats-direct). On each the Replicator takes that
-	// region's delta batches and bits straight off their subjects, all the
-	// time, beside the stream: a second path between the regions on a TCP
-	// connection of its own. A TCP connection that loses a segment holds
+	// region's hot slots (HotCounts) and bits straight off their subjects,
+	// all the time, beside the stream: a second path between the regions on
+	// a TCP connection of its own. A TCP connection that loses a segment holds
 	// everything behind it until the segment is sent again (200 ms and
 	// more), and the stream sources every region over one; two connections
 	// stall together only when both lose at once. What arrives both ways is

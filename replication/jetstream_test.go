@@ -42,6 +42,20 @@ type memCounts struct {
 	// applied, when set before the replicator starts, sees every Apply's
 	// slots after they were joined.
 	applied func([]crdt.Slot)
+	// hot, when set before the replicator starts, tells the keys near their
+	// limit (replication.HotCounts); none when nil.
+	hot func(key string) bool
+}
+
+// Hot returns the slots whose keys c.hot names.
+func (c *memCounts) Hot(slots []crdt.Slot) []crdt.Slot {
+	var out []crdt.Slot
+	for _, s := range slots {
+		if c.hot != nil && c.hot(s.Key) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 var _ replication.Counts = (*memCounts)(nil)

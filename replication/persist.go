@@ -50,6 +50,15 @@ func (p *Persisted) Urgent() <-chan struct{} {
 	return nil
 }
 
+// Hot passes on the wrapped counts' hot slots (HotCounts); none when they
+// tell none.
+func (p *Persisted) Hot(slots []crdt.Slot) []crdt.Slot {
+	if h, ok := p.Counts.(HotCounts); ok {
+		return h.Hot(slots)
+	}
+	return nil
+}
+
 // RestoreFrom loads the durable state into the counts: own counts are
 // restored (never lowered) and remote ones joined. It returns the stream
 // position to resume consuming after.

@@ -208,7 +208,33 @@ func (r *Replicator) publishDelta(m core.Message) (parts []sentPart, failed []co
 		r.publishFailures.Add(1)
 		failed = append(failed, core.Message{Kind: core.Delta, Slots: unsentSlots(m.Slots, oversized, handed)})
 	}
+	r.publishHot(m)
 	return parts, failed
+}
+
+// publishHot publishes, on core NATS, the slots of delta m whose keys are
+// near their limit (HotCounts), for the PoPs of other regions that read
+// them on a direct path. Nothing waits for it and nothing retries it: the
+// stream carries the same slots. With no region but its own, there is no
+// one to read them.
+func (r *Replicator) publishHot(m core.Message) {
+	h, ok := r.cfg.Counts.(HotCounts)
+	if !ok || len(r.cfg.Topology.Regions) < 2 {
+		return
+	}
+	hot := h.Hot(m.Slots)
+	if len(hot) == 0 {
+		return
+	}
+	subject := hotSubject(r.cfg.Region, r.cfg.POP)
+	_, _ = encodeDeltas(hot, r.cfg.POP, r.cfg.Region, 0, m.Sent, r.maxBytes(), func(c deltaChunk) error {
+		// A core publish only fills the connection's buffer; it never waits.
+		if err := r.cfg.Conn.Publish(subject, c.data); err != nil {
+			return err
+		}
+		r.hotBatches.Add(1)
+		return nil
+	})
 }
 
 func (r *Replicator) publishBits(m core.Message) (parts []sentPart, failed []core.Message) {

@@ -62,6 +62,21 @@ func (r *Replicator) onDirectDelta(m *nats.Msg) {
 	r.post(inbound{msg: core.Message{Kind: core.Delta, Region: region, POP: pop, Sent: sent, Slots: slots}, direct: true})
 }
 
+// onHot takes another region's hot slots (HotCounts) off their subject on a
+// direct path; they decode as a delta batch of the PoP the subject names.
+func (r *Replicator) onHot(m *nats.Msg) {
+	tok := strings.Split(m.Subject, ".")
+	if len(tok) != 4 || tok[2] == r.cfg.Region || tok[3] == r.cfg.POP {
+		return
+	}
+	slots, sent, err := decodeDelta(m.Data, tok[2], tok[3])
+	if err != nil {
+		r.drop(err, m.Subject)
+		return
+	}
+	r.post(inbound{msg: core.Message{Kind: core.Delta, Region: tok[2], POP: tok[3], Sent: sent, Slots: slots}, direct: true})
+}
+
 // onDirectBits takes a MitigationBatch of another region straight off its
 // subject, as onDirectDelta takes a delta batch. Messages it cannot decode
 // are left to the stream path, which drops and counts them.

@@ -68,9 +68,10 @@ var ErrRunning = errors.New("replication: replicator already running")
 // tell a PoP when it may have missed another PoP's messages, and it then
 // publishes a snapshot at once; and while the stream's source of a region is
 // stalled, that region's delta batches are applied straight off their
-// subjects too. With Config.Direct a third path takes other regions' delta
-// batches and bits off their subjects on connections of their own, all the
-// time, so that a link held up behind a lost segment does not hold them.
+// subjects too. With Config.Direct a third path takes other regions' hot
+// slots (keys near their limit, published again off the stream: HotCounts)
+// and bits off their subjects on connections of their own, all the time, so
+// that a link held up behind a lost segment does not hold them.
 // Whatever arrives twice is joined twice, which changes nothing.
 //
 // Why an ordered consumer, not a durable one: the durable layer already
@@ -129,6 +130,7 @@ type Replicator struct {
 	applied, appliedSlots                     atomic.Uint64
 	appliedSnaps, appliedSnapSlots, direct    atomic.Uint64
 	directBatches, directSlots                atomic.Uint64
+	hotBatches                                atomic.Uint64
 	stalledSources                            atomic.Int64
 	skippedOwn, lastSeq                       atomic.Uint64
 	dropped                                   [NumDropReasons]atomic.Uint64
@@ -147,6 +149,14 @@ type Replicator struct {
 // since the last save; on error nothing of own may be published.
 type Saver interface {
 	Save(own []crdt.Slot) error
+}
+
+// HotCounts is a Counts that tells which of its own slots belong to keys
+// near their limit (store.Memory.Hot): the Replicator publishes those of
+// each delta again on the hot subject, for other regions' PoPs that read it
+// on a direct path (Config.Direct). Of the rest they hear by the stream.
+type HotCounts interface {
+	Hot(slots []crdt.Slot) []crdt.Slot
 }
 
 // UrgentNotifier is a Counts that says when a key nears its limit: the
@@ -332,6 +342,7 @@ func (r *Replicator) Stats() Stats {
 		DirectSnapshots:        r.direct.Load(),
 		DirectBatches:          r.directBatches.Load(),
 		DirectSlots:            r.directSlots.Load(),
+		HotBatches:             r.hotBatches.Load(),
 		StalledSources:         int(r.stalledSources.Load()),
 		SkippedOwn:             r.skippedOwn.Load(),
 		LastAppliedSeq:         r.lastSeq.Load(),

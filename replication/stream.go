@@ -62,7 +62,7 @@ func (r *Replicator) subscribe() ([]*nats.Subscription, error) {
 	_ = snaps.SetPendingLimits(-1, 64<<20)
 	subs := []*nats.Subscription{hello, snaps}
 	for _, region := range slices.Sorted(maps.Keys(r.cfg.Direct)) {
-		more, err := r.subscribeRegion(r.cfg.Direct[region], region)
+		more, err := r.subscribeRegion(r.cfg.Direct[region], region, true)
 		if err != nil {
 			for _, s := range subs {
 				_ = s.Unsubscribe()
@@ -74,10 +74,15 @@ func (r *Replicator) subscribe() ([]*nats.Subscription, error) {
 	return subs, nil
 }
 
-// subscribeRegion subscribes, on nc, to region's delta batches and, when
-// this PoP applies bits, to its bits, straight off their subjects.
-func (r *Replicator) subscribeRegion(nc *nats.Conn, region string) ([]*nats.Subscription, error) {
-	sub, err := nc.Subscribe(subjectRoot+"."+region+"."+kindDelta+".*", r.onDirectDelta)
+// subscribeRegion subscribes, on nc, to region's delta batches — whole, or
+// only their hot slots (HotCounts) — and, when this PoP applies bits, to its
+// bits, straight off their subjects.
+func (r *Replicator) subscribeRegion(nc *nats.Conn, region string, hotOnly bool) ([]*nats.Subscription, error) {
+	subject, handler := subjectRoot+"."+region+"."+kindDelta+".*", r.onDirectDelta
+	if hotOnly {
+		subject, handler = subjectRoot+"."+hotToken+"."+region+".*", r.onHot
+	}
+	sub, err := nc.Subscribe(subject, handler)
 	if err != nil {
 		return nil, fmt.Errorf("replication: subscribe to region %s's batches: %w", region, err)
 	}
@@ -209,7 +214,7 @@ func (r *Replicator) watchSources(ctx context.Context) {
 			subs := direct[region]
 			switch ok := healthy[StreamName(region)]; {
 			case !ok && subs == nil:
-				subs, err := r.subscribeRegion(r.cfg.Conn, region)
+				subs, err := r.subscribeRegion(r.cfg.Conn, region, false)
 				if err != nil {
 					r.limit.log(r.log, logSetup, slog.LevelWarn, "replication: cannot subscribe to a region's batches", "from_region", region, "err", err)
 					continue

@@ -17,7 +17,9 @@ import (
 // bouncing back and forth between two streams that source each other). So
 // each region's stream holds every region's batches, and a PoP reads only its
 // own region's stream. Presence beacons go on edgelimit._hello.<region>.<pop>,
-// which no stream captures ("_" cannot start a region name).
+// which no stream captures ("_" cannot start a region name), and the slots
+// of a delta whose keys are near their limit, again, for the direct path
+// between regions (Config.Direct), on edgelimit._hot.<region>.<pop>.
 //
 // Found the hard way: without the source filters, two regions' streams that
 // source each other copy every message back and forth forever.
@@ -27,6 +29,7 @@ const (
 	kindSnapshot   = "snapshot"
 	kindBits       = "bits"
 	helloToken     = "_hello"
+	hotToken       = "_hot"
 	streamPrefix   = "EDGELIMIT_"
 	defaultMaxAge  = 2 * time.Minute
 	defaultAckWait = 2 * time.Second
@@ -65,6 +68,12 @@ func BitsSubject(region, pop string) string {
 
 func helloSubject(region, pop string) string {
 	return subjectRoot + "." + helloToken + "." + region + "." + pop
+}
+
+// hotSubject returns the subject pop of region publishes its hot slots on
+// (HotCounts), outside every stream.
+func hotSubject(region, pop string) string {
+	return subjectRoot + "." + hotToken + "." + region + "." + pop
 }
 
 // validToken checks that name can be a NATS subject token and a stream name

@@ -102,9 +102,13 @@ type Stats struct {
 	// another region's subject instead of from the stream.
 	DirectSnapshots uint64
 	// DirectBatches and DirectSlots count other regions' delta batches, and
-	// their slots, taken directly off their subjects while stream sourcing
+	// their slots, taken directly off their subjects — their hot slots on a
+	// direct path (Config.Direct), and whole batches while stream sourcing
 	// from their region was stalled (not included in AppliedBatches).
 	DirectBatches, DirectSlots uint64
+	// HotBatches counts the batches of this PoP's hot slots it published
+	// for other regions' direct paths (HotCounts).
+	HotBatches uint64
 	// StalledSources is how many other regions' stream sources were stalled
 	// at the last check.
 	StalledSources int

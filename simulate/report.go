@@ -136,7 +136,7 @@ func (rep Report) WriteTable(w io.Writer) error {
 		rep.Scenario, rep.Seed, rep.Duration, rep.Limit, rep.Unit, rep.Algorithm,
 		rep.PoPs, rep.Regions, rep.OfferedPerSecond, rep.FlushInterval)
 	if rep.Direct {
-		b.WriteString("edgelimit's PoPs take other regions' batches on a direct path too (edgelimit pop --nats-direct)\n")
+		b.WriteString("edgelimit's PoPs take other regions' bits and keys near their limit on a direct path too (edgelimit pop --nats-direct)\n")
 	}
 	fmt.Fprintf(&b, "sources %d  keys %d  tracked key %q\n\n", rep.Sources, rep.Keys, rep.Tracked)
 	fmt.Fprintf(&b, "%-12s %10s %10s %8s %8s %9s %9s %9s %9s %9s %11s\n",

@@ -40,14 +40,14 @@ type Scenario struct {
 	Duplicate float64 `yaml:"duplicate"`
 	// Direct gives every PoP a second path to the other regions, as
 	// `edgelimit pop --nats-direct` does: a connection of its own to each
-	// other region's NATS servers, on which it takes that region's delta
-	// batches and bits straight off their subjects, beside the stream. Each
-	// such message then crosses every link between regions twice, on two
-	// connections that lose and stall independently (a TCP connection held
-	// behind a lost segment holds only itself), and the first copy to
-	// arrive counts; the second joins again, which changes nothing. Only
-	// the edgelimit strategy has it (the others are the baselines); its
-	// bytes count both copies.
+	// other region's NATS servers, on which it takes that region's bits and
+	// the slots of its deltas whose keys are near their limit
+	// (store.Memory.Hot), beside the stream. Those then cross every link
+	// between regions twice, on two connections that lose and stall
+	// independently (a TCP connection held behind a lost segment holds only
+	// itself), and the first copy to arrive counts; the second joins again,
+	// which changes nothing. Only the edgelimit strategy has it (the others
+	// are the baselines); its bytes count the copies.
 	Direct     bool        `yaml:"direct"`
 	Partitions []Partition `yaml:"partitions"`
 	// BitsInterval is replication's BitsInterval: a PoP publishes the

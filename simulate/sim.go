@@ -803,7 +803,7 @@ func (r *run) publish(p int, m core.Message) {
 	// cut link; none within a region, whose PoPs share their servers.
 	direct := func(j int) int64 {
 		b := r.top.region[j]
-		if r.directFree == nil || b == a || (m.Kind != core.Delta && m.Kind != core.BitsBatch) {
+		if b == a {
 			return -2
 		}
 		return r.linkAt(r.directFree[a], j, a, b, false)
@@ -838,6 +838,23 @@ func (r *run) publish(p int, m core.Message) {
 			r.issuedAt[p] = nil
 		}
 	}
+	// The direct path carries bits, and of a delta the slots of keys near
+	// their limit (store.Memory.Hot), as replication.Replicator publishes
+	// them on the hot subject.
+	var hot *message
+	var hotSize int64
+	if r.directFree != nil {
+		switch m.Kind {
+		case core.BitsBatch:
+			hot, hotSize = msg, size
+		case core.Delta:
+			if slots := r.stores[p].Hot(m.Slots); len(slots) > 0 {
+				hm := m
+				hm.Slots = slots
+				hot, hotSize = &message{from: p, m: hm}, int64(wireSize(m.POP, m.Region, m.Seq, m.Sent, slots))
+			}
+		}
+	}
 	for j := range r.top.pops {
 		if j == p {
 			continue
@@ -852,10 +869,13 @@ func (r *run) publish(p int, m core.Message) {
 			r.bytes += size
 			r.q.schedule(event{at: at, kind: evDeliver, idx: j, msg: msg})
 		}
+		if hot == nil {
+			continue
+		}
 		if at := direct(j); at >= 0 {
 			r.messages++
-			r.bytes += size
-			r.q.schedule(event{at: at, kind: evDeliver, idx: j, msg: msg})
+			r.bytes += hotSize
+			r.q.schedule(event{at: at, kind: evDeliver, idx: j, msg: hot})
 		}
 	}
 }

@@ -102,7 +102,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&cfg.HoldReplicated, "catchup-hold", true, "while catching up (--catchup-timeout), checks of region and global limits wait for it (pop-scope ones never wait);\nfalse decides them at once on what the PoP knows")
 	fs.IntVar(&repl.natsListen, "nats-port", -1, "client port of the embedded NATS server (-1: a free port)")
 	fs.IntVar(&repl.leafListen, "nats-leaf-port", 0, "embedded NATS: accept other regions' leaf connections on this port (the hub region; 0: none)")
-	fs.StringVar(&repl.natsDirect, "nats-direct", "", "also take other regions' batches and bits straight from their NATS servers, each region on a connection\nof its own beside the stream: `region=nats://host:4222,…;region=…` (a link held up behind a lost segment then holds only one path)")
+	fs.StringVar(&repl.natsDirect, "nats-direct", "", "also take from other regions' NATS servers, each region on a connection of its own beside the stream, their\nmitigation bits and the counts of keys near their limit: `region=nats://host:4222,…;region=…` (a link held up behind a lost segment then\nholds only one of two paths)")
 	fs.Var(&repl.leafRemotes, "nats-leaf-remote", "embedded NATS: connect to the hub region's leaf `URL` (nats-leaf://host:port), comma-separated or repeated")
 	fs.StringVar(&cfg.Quotas, "quotas", "embedded", "tenant quota store: embedded (a file under --data, for a single PoP) or a PostgreSQL `URL`\n(postgres://user@host:5432/db; the system of record, shared by every PoP)")
 	fs.DurationVar(&cfg.QuotasPoll, "quotas-poll", quota.DefaultPoll, "how often to ask the quota store for changes besides PostgreSQL's LISTEN/NOTIFY (a backstop)")

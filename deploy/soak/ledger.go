@@ -264,7 +264,10 @@ func Check(classes []Class, pops []PoPInfo, decisions []Decision, faults []Fault
 				// "the embedded store goes on from Redis' last word, not from
 				// zero; when Redis comes back — or comes back empty — [...] the
 				// PoP decides on its own knowledge and gives Redis the missing
-				// hits" (README, Durability, Redis). Each Redis here serves one
+				// hits" (README, Durability, Redis); and while it is away, region
+				// and global limits are decided on the Redis store's own counts
+				// of every PoP, which it publishes and puts back (README,
+				// "Region and global keys on Redis"). Each Redis here serves one
 				// server, so "hits other servers admitted on their own while
 				// Redis was away" are none.
 			}

@@ -482,8 +482,9 @@ func storeName(s string) string {
 // Redis fails.
 //
 // With a replica name, the store that decides also replicates: the embedded
-// store, or Redis — whose own fallback store then counts this PoP's hits
-// alone while Redis is unreachable.
+// store, or Redis — whose fallback store then decides region and global
+// limits on the Redis store's in-process counts while Redis is unreachable
+// (store.MemoryConfig.Primary).
 //
 // ping, nil for the embedded store, asks Redis whether it answers and accepts
 // the credentials.
@@ -502,9 +503,24 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.
 		reg.MustRegister(miss)
 		estimateMiss = func(scope limit.Scope, hits float64) { miss.WithLabelValues(scope.String()).Observe(hits) }
 	}
+	var rs *store.Redis
 	if embedded {
 		memCfg.Replica, memCfg.RegionPeers, memCfg.Extrapolate = cfg.Replica, cfg.RegionPeers, cfg.Extrapolate
 		memCfg.EstimateMiss = estimateMiss
+	} else {
+		clock, err := store.ParseClockSource(cfg.RedisClock)
+		if err != nil {
+			return nil, nil, nil, nil, nil, fmt.Errorf("--redis-clock: %w", err)
+		}
+		rs, err = store.OpenRedis(store.RedisConfig{URL: cfg.Store, Password: cfg.RedisPassword, Timeout: cfg.RedisTimeout, ClockSource: clock,
+			BatchWindow: cfg.RedisBatchWindow, Pipelines: cfg.RedisPipelines, Replica: cfg.Replica, RegionPeers: cfg.RegionPeers,
+			Extrapolate: cfg.Extrapolate, EstimateMiss: estimateMiss})
+		if err != nil {
+			return nil, nil, nil, nil, nil, fmt.Errorf("store: %w", err)
+		}
+		// The fallback decides region and global limits on the Redis
+		// store's counts of them (store.MemoryConfig.Primary).
+		memCfg.Primary = rs
 	}
 	mem = store.NewMemory(memCfg)
 	registerMemory(reg, mem)
@@ -517,25 +533,17 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.
 	if embedded {
 		return mem, mem, mem, nil, func() { close(stop) }, nil
 	}
-	clock, err := store.ParseClockSource(cfg.RedisClock)
-	if err != nil {
-		close(stop)
-		return nil, nil, nil, nil, nil, fmt.Errorf("--redis-clock: %w", err)
-	}
-	rs, err := store.OpenRedis(store.RedisConfig{URL: cfg.Store, Password: cfg.RedisPassword, Timeout: cfg.RedisTimeout, ClockSource: clock,
-		BatchWindow: cfg.RedisBatchWindow, Pipelines: cfg.RedisPipelines, Replica: cfg.Replica, RegionPeers: cfg.RegionPeers,
-		Extrapolate: cfg.Extrapolate, EstimateMiss: estimateMiss})
-	if err != nil {
-		close(stop)
-		return nil, nil, nil, nil, nil, fmt.Errorf("store: %w", err)
-	}
 	fb := store.NewFallback(rs, mem, store.FallbackConfig{Failures: cfg.BreakerFailures, Cooldown: cfg.BreakerCooldown})
 	registerFallback(reg, fb)
 	if cfg.Replica != "" {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "edgelimit_store_redis_lost_restores_total",
-			Help: "Times this server found Redis holding less of the PoP's own replicated counts than it had published (Redis restarted empty or from an older snapshot) and put them back, with the other PoPs' counts it held.",
+			Help: "Times this server found Redis holding less of the PoP's own replicated counts than it had held (Redis restarted empty or from an older snapshot) and put them back, with the other PoPs' counts it held.",
 		}, func() float64 { return float64(rs.LostRestores()) }))
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "edgelimit_store_redis_offline_denials_total",
+			Help: "Checks of region or global limits Redis admitted that this server denied: hits it counted while Redis was away were not in Redis yet, and its own counts had no room.",
+		}, func() float64 { return float64(rs.OfflineDenials()) }))
 	}
 	return fb, mem, rs, rs.Ping, func() { close(stop); _ = rs.Close() }, nil
 }

@@ -93,6 +93,11 @@ type FallbackConfig struct {
 // input (ErrInvalidCheck) are returned as they are, and do not count against
 // the primary; so are the secondary's errors (Memory has none).
 //
+// A replicated Redis primary's region and global limits are decided, while
+// it is away, on its own in-process counts of them, which it publishes and
+// puts back into Redis when Redis answers again (redis_offline.go; the
+// secondary is then made with MemoryConfig.Primary).
+//
 // When the secondary is the embedded store, the two are reconciled
 // (reconcile.go): the secondary follows what the primary reports, so that it
 // goes on from there when the primary goes away, and the primary is given
@@ -310,8 +315,18 @@ func (f *Fallback) fallback(ctx context.Context, now, hits int64, items []limit.
 		}
 	}
 	if closed == 0 {
+		// A replicated Redis store's region and global limits are decided
+		// on its own in-process counts, and it publishes and restores what
+		// the secondary counts there (redis_offline.go).
+		o, _ := f.primary.(offliner)
+		if o != nil {
+			o.offlineBefore(now, items)
+		}
 		if err := f.secondary.CheckAt(ctx, now, hits, items, out); err != nil {
 			return fmt.Errorf("store: fallback: secondary store: %w", err)
+		}
+		if o != nil {
+			o.offlineAfter(now, items)
 		}
 		return nil
 	}

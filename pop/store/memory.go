@@ -50,6 +50,14 @@ type MemoryConfig struct {
 	// guessed since) was from the report, in hits; positive when it
 	// overestimated. It shows the estimator working in production.
 	EstimateMiss func(scope limit.Scope, hits float64)
+	// Primary, when set, is the replicated Redis store this store is the
+	// Fallback secondary of: limits with scope region or global are then
+	// decided and counted on the Redis store's in-process counts — the
+	// other PoPs' counts it applied and its own — which it publishes and
+	// puts back into Redis when Redis returns (redis_offline.go). Replica,
+	// RegionPeers, Extrapolate and EstimateMiss are then ignored. A Primary
+	// without a replica name changes nothing.
+	Primary *Redis
 	// Durable makes the store note which of its own keys (those not counted
 	// across PoPs) admitted hits or went away, for TakeStates: a driver
 	// saves them every flush interval and restores them after a restart
@@ -106,7 +114,10 @@ func NewMemory(cfg MemoryConfig) *Memory {
 		maxKeys = DefaultMaxKeys
 	}
 	s := &Memory{seed: maphash.MakeSeed(), perShard: max(maxKeys/shardCount, 1), urgent: make(chan struct{}, 1), durable: cfg.Durable}
-	if cfg.Replica != "" {
+	switch {
+	case cfg.Primary != nil:
+		s.rep = cfg.Primary.est
+	case cfg.Replica != "":
 		s.rep = newReplicated(cfg.Replica, cfg.RegionPeers, cfg.Extrapolate)
 		if cfg.Extrapolate {
 			s.onMiss = cfg.EstimateMiss

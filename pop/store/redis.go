@@ -224,15 +224,19 @@ type Redis struct {
 
 	rep *redisReplicated // nil without a replica name
 
-	est      *replicated  // the guess of unheard hits (redis_estimate.go); nil without Extrapolate
+	est      *replicated  // the in-process counts and guess of unheard hits (redis_estimate.go); nil without Replica
 	estSwept atomic.Int64 // when est was last swept (store time, ns)
 
-	lostRestores atomic.Uint64 // times ownSlots found Redis holding less than this server published
+	lostRestores atomic.Uint64 // times ownSlots found Redis holding less than it had held
+
+	offlinePending atomic.Bool   // pairs counted while Redis was away await restoreOffline
+	offlineSem     chan struct{} // one restoreOffline at a time
+	offlineDenials atomic.Uint64 // checks Redis admitted and recheckOffline denied
 }
 
 // LostRestores is how many times the store found Redis holding less of the
-// PoP's own counts than this server had published (Redis restarted empty or
-// from an older snapshot), and put them back.
+// PoP's own counts than it had held (Redis restarted empty or from an older
+// snapshot), and put them back, with the other PoPs' counts.
 func (s *Redis) LostRestores() uint64 { return s.lostRestores.Load() }
 
 // OpenRedis connects a Redis store. It fails only on a bad configuration:
@@ -274,6 +278,8 @@ func OpenRedis(cfg RedisConfig) (*Redis, error) {
 		closing: make(chan struct{}),
 		rep:     newRedisReplicated(cfg),
 		est:     newRedisEstimate(cfg),
+
+		offlineSem: make(chan struct{}, 1),
 
 		evalItems: maxEvalItems,
 	}
@@ -449,6 +455,18 @@ func (s *Redis) CheckAt(ctx context.Context, now, hits int64, items []limit.Item
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
+	if s.offlinePending.Load() {
+		// Hits counted while Redis was away go in first (redis_offline.go).
+		rctx, cancel := context.WithDeadline(ctx, deadline)
+		err := s.restoreOffline(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil && rctx.Err() != nil {
+				return s.timeoutErr()
+			}
+			return err
+		}
+	}
 	var stBuf [maxInline]limit.State
 	var sts []limit.State // the estimate's view of each item (nil without it)
 	if s.est != nil {
@@ -473,7 +491,7 @@ func (s *Redis) CheckAt(ctx context.Context, now, hits int64, items []limit.Item
 	select {
 	case <-r.done:
 		r.timer.Stop()
-		return s.estimated(now, hits, items, out, sts, s.track(now, items, out, s.finish(r, out)))
+		return s.estimated(now, hits, items, out, sts, s.track(now, items, out, s.recheckOffline(now, hits, items, out, s.finish(r, out))))
 	case <-r.timer.C:
 		err = s.timeoutErr()
 	case <-ctx.Done():
@@ -484,7 +502,7 @@ func (s *Redis) CheckAt(ctx context.Context, now, hits int64, items []limit.Item
 		return err // the pipeliner owns r now and recycles it
 	}
 	<-r.done // the answer arrived as the deadline did: use it
-	return s.estimated(now, hits, items, out, sts, s.track(now, items, out, s.finish(r, out)))
+	return s.estimated(now, hits, items, out, sts, s.track(now, items, out, s.recheckOffline(now, hits, items, out, s.finish(r, out))))
 }
 
 func (s *Redis) timeoutErr() error {

@@ -22,16 +22,24 @@ import (
 // Each server of a PoP sees only its own admissions, so its guess of what
 // another PoP did mirrors what this server did, scaled by that PoP's part of
 // the key's traffic against this server's (replicated.guess): the ratio a
-// server of a PoP that shares the load evenly sees is the PoP's. The cost is
-// memory: each server holds the other PoPs' counts of the current and
-// previous windows in process, as an embedded PoP does.
+// server of a PoP that shares the load evenly sees is the PoP's. (Once
+// Redis has been away, the own counts of the keys checked meanwhile are the
+// PoP's as last read, redis_offline.go, and the mirror reads those.) The
+// cost is memory: each server holds the other PoPs' counts of the current
+// and previous windows in process, as an embedded PoP does. The same counts
+// decide region and global limits while Redis is away, so a replicated
+// store keeps them even without Extrapolate.
 
-// newRedisEstimate returns the estimate of a store with cfg, or nil.
+// newRedisEstimate returns the estimate of a store with cfg, or nil without
+// a replica name. A replicated store keeps one even without Extrapolate
+// (then it guesses nothing, Unheard stays 0): the other PoPs' counts and
+// this server's own are what its Fallback decides region and global limits
+// on while Redis is away (redis_offline.go).
 func newRedisEstimate(cfg RedisConfig) *replicated {
-	if cfg.Replica == "" || !cfg.Extrapolate {
+	if cfg.Replica == "" {
 		return nil
 	}
-	return newReplicated(cfg.Replica, cfg.RegionPeers, true)
+	return newReplicated(cfg.Replica, cfg.RegionPeers, cfg.Extrapolate)
 }
 
 // estimates appends to sts, for each item of a check at now, the state the
@@ -115,4 +123,13 @@ func (s *Redis) estimateApply(now, sent int64, remote []crdt.Slot) {
 		s.cfg.EstimateMiss(m.scope, m.hits)
 	}
 	s.sweepEstimate(now)
+}
+
+// Hot is Memory.Hot for a PoP on Redis: the keys its estimate remembers
+// admitting near their limit; nil without an estimate.
+func (s *Redis) Hot(slots []crdt.Slot) []crdt.Slot {
+	if s.est == nil {
+		return nil
+	}
+	return s.est.hot(slots)
 }

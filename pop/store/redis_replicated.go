@@ -70,6 +70,8 @@ type ownTrack struct {
 	alg       limit.Algorithm // the key's algorithm (its Redis key names it)
 	dirty     bool            // counted since the last Delta
 	published uint64          // the most this server published of the pair (ownSlots)
+	held      uint64          // the most this server read Redis holding of the pair, or put there (ownSlots)
+	offline   uint32          // checks counted in the estimate while Redis was away, not yet restored (redis_offline.go)
 }
 
 // pruneEvery is how often, at most, checks and Apply drop tracked pairs of
@@ -165,11 +167,20 @@ func (s *Redis) track(now int64, items []limit.Item, out []limit.Decision, err e
 	if err != nil || s.rep == nil {
 		return err
 	}
+	s.markOwn(now, items, out, false)
+	return nil
+}
+
+// markOwn marks for the next Delta the (key, window) pair at now of each
+// replicated item that out allowed — each one when out is nil — tracking
+// it first; with offline, also as counted while Redis was away
+// (redis_offline.go). It reports whether it marked any. Requires s.rep.
+func (s *Redis) markOwn(now int64, items []limit.Item, out []limit.Decision, offline bool) bool {
 	r := s.rep
 	locked := false
 	for i := range items {
 		it := &items[i]
-		if !out[i].Allowed || !s.replicates(it) {
+		if (out != nil && !out[i].Allowed) || !s.replicates(it) {
 			continue
 		}
 		if !locked {
@@ -180,17 +191,21 @@ func (s *Redis) track(now int64, items []limit.Item, out []limit.Decision, err e
 		w := it.Spec.Window
 		// A lookup does not retain its key, so the key's bytes may be borrowed.
 		tk := trackKey{unsafe.String(unsafe.SliceData(it.Key), len(it.Key)), limit.WindowStart(now, w)}
-		if t := r.own[tk]; t != nil {
-			t.dirty = true
-			continue
+		t := r.own[tk]
+		if t == nil {
+			tk.key = string(it.Key)
+			t = &ownTrack{w: w, alg: it.Spec.Algorithm}
+			r.own[tk] = t
 		}
-		tk.key = string(it.Key)
-		r.own[tk] = &ownTrack{w: w, alg: it.Spec.Algorithm, dirty: true}
+		t.dirty = true
+		if offline {
+			t.offline++
+		}
 	}
 	if locked {
 		r.mu.Unlock()
 	}
-	return nil
+	return locked
 }
 
 // The methods below make a Redis store with a replica name a
@@ -255,6 +270,21 @@ func (s *Redis) ownSlots(ctx context.Context, delta bool) ([]crdt.Slot, error) {
 		return nil, nil
 	}
 
+	// What the estimate counted of each pair, taken before Redis is read:
+	// it adds this server's hits after Redis counted them, so it is never
+	// above what Redis held then — unless Redis lost them, or never had
+	// them (counted while Redis was away, redis_offline.go).
+	floor := make([]uint64, len(todo))
+	if e := s.est; e != nil {
+		e.mu.Lock()
+		for i, p := range todo {
+			if u := e.units[p.t.w]; u != nil {
+				floor[i] = u.own.Count(p.tk.key, p.tk.window)
+			}
+		}
+		e.mu.Unlock()
+	}
+
 	ctx, cancel := context.WithTimeout(ctx, replOpTimeout)
 	defer cancel()
 	pipe := s.client.Pipeline()
@@ -271,11 +301,14 @@ func (s *Redis) ownSlots(ctx context.Context, delta bool) ([]crdt.Slot, error) {
 		out    []crdt.Slot
 		errs   []error
 		failed []trackKey
-		lost   []crdt.Slot // counts Redis no longer holds (see below)
+		lost   []crdt.Slot // counts Redis no longer holds, or never had (see below)
+		read   []crdt.Slot // what Redis holds of each pair read, once lost counts are back
+		gone   bool        // Redis holds less than it did: it lost counts
 	)
 	for i, p := range todo {
 		v, err := cmds[i].Result()
 		var n uint64
+		unread := false
 		switch {
 		case errors.Is(err, redis.Nil):
 			// Expired — or Redis lost it (restarted empty, or from an older
@@ -284,7 +317,7 @@ func (s *Redis) ownSlots(ctx context.Context, delta bool) ([]crdt.Slot, error) {
 		case err != nil:
 			errs = append(errs, err)
 			failed = append(failed, p.tk)
-			continue
+			unread = true
 		default:
 			if n, err = ownCount(v, p.tk.window/p.t.w); err != nil {
 				errs = append(errs, fmt.Errorf("key %q: %w", p.tk.key, err))
@@ -298,21 +331,40 @@ func (s *Redis) ownSlots(ctx context.Context, delta bool) ([]crdt.Slot, error) {
 		// most they heard, so a lower count would hide this PoP's hits
 		// until they passed it again, while every other PoP went on
 		// admitting against the old one. Redis holds less than this server
-		// published when it lost counts: put them back, so that new hits
-		// add to them (what was admitted between the loss and now, at most
-		// one flush interval of it, stays lost, as after a kill -9).
-		if n < p.t.published {
-			lost = append(lost, crdt.Slot{Key: p.tk.key, Window: p.tk.window, Replica: r.self, Count: p.t.published})
-			n = p.t.published
+		// published, or than its estimate counted, when it lost counts or
+		// never had them: put them back, so that new hits add to them
+		// (what other servers of the PoP admitted between a loss and now,
+		// at most one flush interval of it, stays lost, as after a kill -9;
+		// this server's own hits are in its estimate).
+		least := max(p.t.published, floor[i])
+		if unread {
+			// Redis is away: publish what the estimate counted beyond
+			// what was published (the hits admitted meanwhile), and keep
+			// the pair for the next Delta, which puts them into Redis.
+			if least > p.t.published {
+				out = append(out, crdt.Slot{Key: p.tk.key, Window: p.tk.window, Replica: r.self, Count: least})
+			}
+			continue
+		}
+		if n < least {
+			lost = append(lost, crdt.Slot{Key: p.tk.key, Window: p.tk.window, Replica: r.self, Count: least})
+			gone = gone || n < p.t.held
+			n = least
 		}
 		if n > 0 {
 			out = append(out, crdt.Slot{Key: p.tk.key, Window: p.tk.window, Replica: r.self, Count: n})
+			read = append(read, out[len(out)-1])
 		}
 	}
 	r.mu.Lock()
 	for _, sl := range out {
 		if t := r.own[trackKey{sl.Key, sl.Window}]; t != nil {
 			t.published = max(t.published, sl.Count)
+		}
+	}
+	for _, sl := range read {
+		if t := r.own[trackKey{sl.Key, sl.Window}]; t != nil {
+			t.held = max(t.held, sl.Count)
 		}
 	}
 	if delta { // retried by the next Delta
@@ -324,7 +376,7 @@ func (s *Redis) ownSlots(ctx context.Context, delta bool) ([]crdt.Slot, error) {
 	}
 	r.mu.Unlock()
 	if len(lost) > 0 {
-		if err := s.restoreLost(ctx, now, lost); err != nil {
+		if err := s.restoreLost(ctx, lost, gone); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -359,14 +411,19 @@ func ownCount(v string, widx int64) (uint64, error) {
 	return 0, nil
 }
 
-// restoreLost puts back into Redis the own counts it lost (ownSlots), and,
-// with them, the other PoPs' counts the store's estimate holds (the remote
-// hashes were lost too, and would otherwise wait for the next snapshot):
-// an emptied Redis must not re-grant the limits of region and global keys.
-func (s *Redis) restoreLost(ctx context.Context, now int64, own []crdt.Slot) error {
-	s.lostRestores.Add(1)
+// restoreLost puts into Redis the own counts it lacks (ownSlots), and, when
+// it lost counts it held (gone), the other PoPs' counts the store's
+// estimate holds (the remote hashes were lost too, and would otherwise
+// wait for the next snapshot): an emptied Redis must not re-grant the
+// limits of region and global keys. A Redis that only lacks hits counted
+// while it was away (redis_offline.go) lost nothing else, and is spared
+// the merge of every remote count at each flush of an outage.
+func (s *Redis) restoreLost(ctx context.Context, own []crdt.Slot, gone bool) error {
 	err := s.RestoreCtx(ctx, own)
-	if s.est != nil {
+	if gone {
+		s.lostRestores.Add(1)
+	}
+	if gone && s.est != nil {
 		s.est.mu.Lock()
 		var remote []crdt.Slot
 		for _, u := range s.est.units {

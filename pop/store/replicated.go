@@ -588,6 +588,35 @@ func (s *Memory) collect(f func(*unitCounts) []crdt.Slot) []crdt.Slot {
 	return out
 }
 
+// Hot returns those of slots (this PoP's own, as Delta returns them) whose
+// keys this PoP admits near their limit — the keys whose news the other
+// PoPs guess at, and the only ones worth a second copy on the direct path
+// between regions (replication.HotCounts). It returns nil without an
+// estimate (Extrapolate off).
+func (s *Memory) Hot(slots []crdt.Slot) []crdt.Slot {
+	if s.rep == nil {
+		return nil
+	}
+	return s.rep.hot(slots)
+}
+
+// hot is Hot for either store: a key is near its limit while this PoP
+// remembers its recent admissions (add).
+func (r *replicated) hot(slots []crdt.Slot) []crdt.Slot {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []crdt.Slot
+	for _, sl := range slots {
+		for _, u := range r.units {
+			if u.recent[sl.Key] != nil {
+				out = append(out, sl)
+				break
+			}
+		}
+	}
+	return out
+}
+
 // Restore raises own counts to slots after a restart; it never lowers one.
 // Slots of other replicas, and keys whose window cannot be told, are ignored.
 func (s *Memory) Restore(own []crdt.Slot) {
