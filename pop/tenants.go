@@ -5,11 +5,11 @@ import (
 	"github.com/edgelimit/edgelimit/pop/rules"
 )
 
-// Quotas tells the engine an API key's quota — its tier and overrides — in
-// force at now (Unix ns), or nil. It must not allocate: it is on the check
-// path (quota.Index).
+// Quotas tells the engine the plan of an API key's quota — its tier and
+// overrides — in force at now (Unix ns), or nil. It must not allocate: it is
+// on the check path (quota.Index).
 type Quotas interface {
-	QuotaAt(now int64, key string) *quota.Quota
+	QuotaAt(now int64, key string) *quota.Plan
 }
 
 // UseQuotas makes the engine limit tenants: a descriptor that carries its
@@ -18,11 +18,11 @@ type Quotas interface {
 // serving.
 func (e *Engine) UseQuotas(q Quotas) { e.quotas = q }
 
-// tenant returns, for a descriptor of dom with entries, the quota of its
-// tenant key (nil when none is in force), the limits of the key's tier, and
+// tenant returns, for a descriptor of dom with entries, the plan of its
+// tenant key's quota (nil when none is in force), the limits of the key's tier, and
 // the key. A domain without tenants, or a descriptor without the tenant
 // entry, has none of them.
-func (e *Engine) tenant(dom *rules.Domain, entries []rules.Entry, now int64) (*quota.Quota, []*rules.Limit, string) {
+func (e *Engine) tenant(dom *rules.Domain, entries []rules.Entry, now int64) (*quota.Plan, []*rules.Limit, string) {
 	t := dom.Tenants
 	if t == nil {
 		return nil, nil, ""
@@ -31,7 +31,7 @@ func (e *Engine) tenant(dom *rules.Domain, entries []rules.Entry, now int64) (*q
 	if !ok {
 		return nil, nil, ""
 	}
-	var q *quota.Quota
+	var q *quota.Plan
 	tier := t.DefaultTier
 	if e.quotas != nil {
 		if q = e.quotas.QuotaAt(now, key); q != nil && q.Tier != "" {

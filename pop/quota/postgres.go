@@ -161,26 +161,47 @@ func scanQuotas(rows pgx.Rows) ([]*Quota, error) {
 	return out, err
 }
 
-// scanTable reads rows of selectRows, in any order, into t (sized for
-// about n keys, growing past that), hashing keys with seed: the index is
-// built in the same pass that reads the rows. A key's rows need not be
-// adjacent; when they are (PostgreSQL returns a seq scan in the order rows
-// were written, and a write inserts a key's rows together) the key is
-// looked up once for all of them.
-func scanTable(rows pgx.Rows, seed maphash.Seed, n int) (table, error) {
-	t := newTable(n)
-	var a slabs
-	err := scanRows(rows, func(key []byte) *Quota {
-		h := maphash.Bytes(seed, key)
-		if q, ok := t.findBytes(h, key); ok {
-			return q
+// scanTable reads rows of selectRows, in any order, into a table (sized
+// for about n keys, growing past that) and its plans, hashing keys with
+// seed: the index is built in the same pass that reads the rows. A key's
+// rows need not be adjacent; when they are (PostgreSQL returns a seq scan in
+// the order rows were written, and a write inserts a key's rows together)
+// the key is looked up once for all of them.
+func scanTable(rows pgx.Rows, seed maphash.Seed, n int) (table, plans, error) {
+	t := newTable(n, 16*n)
+	var ps plans
+	var cur Quota // the run of rows of key being read
+	var key []byte
+	// add puts the run read last in t. A run without the key's own row
+	// (the empty descriptor) has no UpdatedAt (the column is NOT NULL).
+	add := func() {
+		if key == nil {
+			return
 		}
-		q := a.quota()
-		q.APIKey = a.str(key)
-		t.add(h, q)
-		return q
+		h := maphash.Bytes(seed, key)
+		sl := t.findBytes(h, key)
+		if sl == nil {
+			set(&t, h, key, &cur, ps.id(cur.Tier, cur.Overrides))
+			return
+		}
+		// A key whose rows were not adjacent: rare.
+		p := ps.list[sl.plan]
+		merged := Quota{Tier: p.Tier, Overrides: append(append([]Override(nil), p.Overrides...), cur.Overrides...)}
+		merged.EffectiveAt, merged.ExpiresAt = t.times(sl.rec)
+		merged.UpdatedAt = t.updated(sl.rec)
+		if cur.UpdatedAt != 0 {
+			merged.Tier, merged.EffectiveAt, merged.ExpiresAt, merged.UpdatedAt = cur.Tier, cur.EffectiveAt, cur.ExpiresAt, cur.UpdatedAt
+		}
+		sl.plan = ps.id(merged.Tier, merged.Overrides)
+		t.setTimes(sl, &merged)
+	}
+	err := scanRows(rows, func(k []byte) *Quota {
+		add()
+		key, cur = append(key[:0], k...), Quota{}
+		return &cur
 	})
-	return t, err
+	add()
+	return t, ps, err
 }
 
 // scanRows decodes rows of selectRows; quota returns the quota a row of key
@@ -194,6 +215,7 @@ func scanRows(rows pgx.Rows, quota func(key []byte) *Quota) error {
 	var (
 		a             slabs
 		cur           *Quota
+		curKey        []byte     // cur's key
 		pending       []Override // cur's, until its run of rows ends
 		rpu           int32
 		eff, exp, upd pgtype.Timestamptz
@@ -235,8 +257,9 @@ func scanRows(rows pgx.Rows, quota func(key []byte) *Quota) error {
 			}
 		}
 		key, desc, tier, unit := raw[0], raw[1], raw[2], raw[4]
-		if cur == nil || cur.APIKey != string(key) { // no allocation: a comparison
+		if cur == nil || string(curKey) != string(key) { // no allocation: a comparison
 			flush()
+			curKey = append(curKey[:0], key...)
 			cur = quota(key)
 		}
 		if len(desc) == 0 {
@@ -258,12 +281,10 @@ func scanRows(rows pgx.Rows, quota func(key []byte) *Quota) error {
 }
 
 // slabs hands out quotas, overrides and strings carved from larger
-// allocations: fewer objects to allocate, and fewer for the garbage
-// collector to visit on every cycle for as long as the quotas are held (on a
-// PoP serving checks with 100k quotas from per-quota objects, marking them
-// was several per cent of its CPU). A slab lives as long as any quota carved from it: a PoP that
-// later replaces most keys one by one keeps some slabs partly used, bounded
-// by the slab size per live key.
+// allocations: fewer objects to allocate when many quotas are read at once
+// (a store's snapshot, a snapshot file read whole). An Index holds none of
+// them: it copies what it keeps into its own pointer-free arrays. A slab
+// lives as long as any quota carved from it.
 type slabs struct {
 	quotas    []Quota
 	overrides []Override
@@ -506,19 +527,18 @@ func (p *Postgres) readOnly(ctx context.Context, fn func(pgx.Tx) error) error {
 
 // Snapshot returns every quota and the last audit id it reflects.
 func (p *Postgres) Snapshot(ctx context.Context) ([]*Quota, int64, error) {
-	t, v, err := p.snapshotTable(ctx, maphash.MakeSeed())
+	t, ps, v, err := p.snapshotTable(ctx, maphash.MakeSeed())
 	if err != nil {
 		return nil, 0, err
 	}
-	all := make([]*Quota, 0, t.n)
-	t.each(func(_ uint64, _ string, q *Quota) { all = append(all, q) })
-	return all, v, nil
+	return (&snapshot{base: t, plans: ps.list}).all(), v, nil
 }
 
 // snapshotTable is Snapshot as the table of an Index hashing with seed,
 // built as the rows arrive (the Syncer's load).
-func (p *Postgres) snapshotTable(ctx context.Context, seed maphash.Seed) (table, int64, error) {
+func (p *Postgres) snapshotTable(ctx context.Context, seed maphash.Seed) (table, plans, int64, error) {
 	var t table
+	var ps plans
 	var version int64
 	err := p.readOnly(ctx, func(tx pgx.Tx) error {
 		var n int
@@ -532,13 +552,13 @@ func (p *Postgres) snapshotTable(ctx context.Context, seed maphash.Seed) (table,
 		if err != nil {
 			return err
 		}
-		t, err = scanTable(rows, seed, n)
+		t, ps, err = scanTable(rows, seed, n)
 		return err
 	})
 	if err != nil {
-		return table{}, 0, fmt.Errorf("quota: snapshot: %w", err)
+		return table{}, plans{}, 0, fmt.Errorf("quota: snapshot: %w", err)
 	}
-	return t, version, nil
+	return t, ps, version, nil
 }
 
 // ChangesSince returns the keys written after version, with their state now.

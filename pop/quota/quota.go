@@ -60,8 +60,8 @@ func (t Time) IsZero() bool { return t == 0 }
 // Quota is one API key's tier and overrides. EffectiveAt (zero: always) and
 // ExpiresAt (zero: never) bound when it is in force; outside that time the
 // key is limited as a key without a quota (the default tier, the rules'
-// limits). Once handed to an Index it is read-only and safe for concurrent
-// use.
+// limits). It is plain data: the check path reads a key's Plan instead (see
+// Index.QuotaAt).
 type Quota struct {
 	APIKey      string
 	Tier        string // "" is the domain's default tier
@@ -69,9 +69,6 @@ type Quota struct {
 	EffectiveAt Time
 	ExpiresAt   Time
 	UpdatedAt   Time
-
-	memo atomic.Pointer[memoNode]
-	last atomic.Pointer[limitPair] // the pair remembered last
 }
 
 // Prepare returns q (kept for callers that build quotas by hand: there is
@@ -79,37 +76,62 @@ type Quota struct {
 func (q *Quota) Prepare() *Quota { return q }
 
 // InForceAt reports whether q applies at now (Unix ns).
-func (q *Quota) InForceAt(now int64) bool {
-	return now >= int64(q.EffectiveAt) && (q.ExpiresAt == 0 || now < int64(q.ExpiresAt))
+func (q *Quota) InForceAt(now int64) bool { return inForce(now, q.EffectiveAt, q.ExpiresAt) }
+
+func inForce(now int64, effectiveAt, expiresAt Time) bool {
+	return now >= int64(effectiveAt) && (expiresAt == 0 || now < int64(expiresAt))
 }
 
-// Clone returns a copy of q's data (not its memo).
+// Clone returns a copy of q.
 func (q *Quota) Clone() *Quota {
-	return &Quota{APIKey: q.APIKey, Tier: q.Tier, Overrides: append([]Override(nil), q.Overrides...),
-		EffectiveAt: q.EffectiveAt, ExpiresAt: q.ExpiresAt, UpdatedAt: q.UpdatedAt}
+	c := *q
+	c.Overrides = append([]Override(nil), q.Overrides...)
+	return &c
 }
 
 // Override returns the override of the limit named name, or nil.
-func (q *Quota) Override(name string) *Override {
-	for i := range q.Overrides {
-		if q.Overrides[i].Descriptor == name {
-			return &q.Overrides[i]
+func (q *Quota) Override(name string) *Override { return overrideIn(q.Overrides, name) }
+
+func overrideIn(os []Override, name string) *Override {
+	for i := range os {
+		if os[i].Descriptor == name {
+			return &os[i]
 		}
 	}
 	return nil
 }
 
-// maxMemo bounds the limits one quota remembers; past it, the memo starts
+// Plan returns a new plan of q's tier and overrides (an Index shares one
+// among the keys that have the same).
+func (q *Quota) Plan() *Plan { return &Plan{Tier: q.Tier, Overrides: q.Overrides} }
+
+// Plan is what the check path needs of a key's quota: its tier and
+// overrides. An Index holds one Plan for every distinct tier and overrides
+// and shares it among the keys that have them, so that the memo of the
+// limits it met lives once per plan, not once per key: customers on one
+// contract have one plan, and a million keys hold a handful of pointers for
+// the garbage collector, not millions (the keys themselves are held in
+// pointer-free arrays, table.go). Its fields are read-only once built; it is
+// safe for concurrent use.
+type Plan struct {
+	Tier      string // "" is the domain's default tier
+	Overrides []Override
+
+	memo atomic.Pointer[memoNode]
+	last atomic.Pointer[limitPair] // the pair remembered last
+}
+
+// maxMemo bounds the limits one plan remembers; past it, the memo starts
 // over (rule reloads leave old limits behind).
 const maxMemo = 16
 
 // limitPair says that limit from applies as to (to == from when no override
-// names it). Pairs are shared among quotas (sharedLimits): every key with the
+// names it). Pairs are shared among plans (sharedLimits): every plan with the
 // same override of a limit holds the same pair, which stays in the CPU's
 // caches however many keys there are.
 type limitPair struct{ from, to *rules.Limit }
 
-// memoNode is one remembered pair of a quota's memo (besides the last one):
+// memoNode is one remembered pair of a plan's memo (besides the last one):
 // an immutable list, newest first. A key meets a handful of limits.
 type memoNode struct {
 	pair *limitPair
@@ -117,37 +139,35 @@ type memoNode struct {
 	n    int // nodes from this one to the end
 }
 
-// Limit returns the limit that applies to this key in place of l: l itself
-// when no override names it, else the limit with the override's quota and
-// unit (Overridden), shared by every key with the same override of l. It is
-// remembered per limit, so that after the first check of a key with
-// overrides, Limit does not allocate, and for the limit it remembered last
-// (a key with one tier limit: every check) it reads the quota and one shared
-// pair: on the check path of many keys, no cache miss beyond the quota's own.
-func (q *Quota) Limit(l *rules.Limit) *rules.Limit {
-	if q == nil || len(q.Overrides) == 0 {
+// Limit returns the limit that applies to a key of this plan in place of l:
+// l itself when no override names it (or p is nil), else the limit with the
+// override's quota and unit (Overridden), shared by every plan with the same
+// override of l. It is remembered per limit, so that after the first check
+// of a plan with overrides, Limit does not allocate, and for the limit it
+// remembered last (a key with one tier limit: every check) it reads the
+// plan and one shared pair.
+func (p *Plan) Limit(l *rules.Limit) *rules.Limit {
+	if p == nil || len(p.Overrides) == 0 {
 		return l
 	}
-	if p := q.last.Load(); p != nil && p.from == l {
-		return p.to
+	if lp := p.last.Load(); lp != nil && lp.from == l {
+		return lp.to
 	}
-	m := q.memo.Load()
+	m := p.memo.Load()
 	for n := m; n != nil; n = n.next {
 		if n.pair.from == l { // last stays: the check path writes nothing shared
 			return n.pair.to
 		}
 	}
-	var p *limitPair
-	if o := q.Override(l.Name); o != nil {
-		p = sharedLimits.overridden(l, o)
+	var lp *limitPair
+	if o := overrideIn(p.Overrides, l.Name); o != nil {
+		lp = sharedLimits.overridden(l, o)
 	} else {
-		p = sharedLimits.same(l)
+		lp = sharedLimits.same(l)
 	}
-	// The first pair is remembered in last alone: a key that meets one
-	// limit (the common case) holds no memo node, one object fewer per key
-	// for the garbage collector to visit. Once last is taken, it moves to
-	// the list as a new pair takes its place.
-	if prev := q.last.Load(); prev != nil {
+	// The first pair is remembered in last alone; once last is taken, it
+	// moves to the list as a new pair takes its place.
+	if prev := p.last.Load(); prev != nil {
 		if m != nil && m.n >= maxMemo {
 			m = nil
 		}
@@ -155,10 +175,10 @@ func (q *Quota) Limit(l *rules.Limit) *rules.Limit {
 		if m != nil {
 			next.n += m.n
 		}
-		q.memo.Store(next) // a racing store loses an entry, recomputed next time
+		p.memo.Store(next) // a racing store loses an entry, recomputed next time
 	}
-	q.last.Store(p)
-	return p.to
+	p.last.Store(lp)
+	return lp.to
 }
 
 // limitPairs shares pairs among quotas: keys with the same override of a

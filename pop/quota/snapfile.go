@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"iter"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/edgelimit/edgelimit/pop/rules"
 )
@@ -61,7 +63,14 @@ var ErrSnapshotDamaged = errors.New("quota: the snapshot file is damaged")
 // writeSnapshot writes quotas at version to path in the binary form,
 // atomically (see writeAtomic).
 func writeSnapshot(path string, version int64, quotas []*Quota) error {
-	return writeAtomic(path, func(w io.Writer) error { return encodeSnapshot(w, version, quotas) })
+	return writeSnapshotOf(path, version, len(quotas), slices.Values(quotas))
+}
+
+// writeSnapshotOf is writeSnapshot of n quotas read from quotas, which may
+// be read more than once and may yield one Quota value overwritten each
+// time (an Index's snapshot: see snapshot.quotas).
+func writeSnapshotOf(path string, version int64, n int, quotas iter.Seq[*Quota]) error {
+	return writeAtomic(path, func(w io.Writer) error { return encodeSnapshot(w, version, n, quotas) })
 }
 
 // writeSnapshotJSON writes quotas at version to path as JSON lines,
@@ -113,8 +122,9 @@ func writeAtomic(path string, write func(io.Writer) error) error {
 	return nil
 }
 
-// encodeSnapshot writes the binary form of quotas at version to w.
-func encodeSnapshot(w io.Writer, version int64, quotas []*Quota) error {
+// encodeSnapshot writes the binary form of the n quotas at version to w. It
+// reads quotas three times, keeping nothing of a Quota but its strings.
+func encodeSnapshot(w io.Writer, version int64, n int, quotas iter.Seq[*Quota]) error {
 	crc := crc32.New(castagnoli)
 	bw := bufio.NewWriterSize(io.MultiWriter(w, crc), 64<<10)
 	names := map[string]uint64{}
@@ -130,7 +140,7 @@ func encodeSnapshot(w io.Writer, version int64, quotas []*Quota) error {
 		return i
 	}
 	keyBytes := 0
-	for _, q := range quotas {
+	for q := range quotas {
 		keyBytes += len(q.APIKey)
 		name(q.Tier)
 		for _, o := range q.Overrides {
@@ -142,16 +152,16 @@ func encodeSnapshot(w io.Writer, version int64, quotas []*Quota) error {
 	h = append(h, snapMagic...)
 	h = binary.LittleEndian.AppendUint32(h, snapFormat)
 	h = binary.LittleEndian.AppendUint64(h, uint64(version))
-	h = binary.LittleEndian.AppendUint64(h, uint64(len(quotas)))
+	h = binary.LittleEndian.AppendUint64(h, uint64(n))
 	h = binary.LittleEndian.AppendUint64(h, uint64(keyBytes))
 	h = binary.LittleEndian.AppendUint64(h, uint64(len(nameBlock)))
 	bw.Write(h)
-	for _, q := range quotas {
+	for q := range quotas {
 		bw.WriteString(q.APIKey)
 	}
 	bw.Write(nameBlock)
 	var rec []byte
-	for _, q := range quotas {
+	for q := range quotas {
 		rec = binary.AppendUvarint(rec[:0], uint64(len(q.APIKey)))
 		rec = binary.AppendUvarint(rec, names[q.Tier])
 		rec = binary.AppendVarint(rec, int64(q.EffectiveAt))
@@ -177,21 +187,54 @@ func encodeSnapshot(w io.Writer, version int64, quotas []*Quota) error {
 // (wrapping ErrSnapshotDamaged for the binary form; naming the line for
 // JSON), and no quotas: a file is used whole or not at all.
 func ReadSnapshot(path string) ([]*Quota, int64, error) {
-	f, err := os.Open(path)
+	var out []*Quota
+	var a slabs // see slabs: a quota is a few slab entries, not four objects
+	v, err := readSnapshotEach(path, func(n, _ int) { out = make([]*Quota, 0, n) }, func(q *Quota) {
+		held := a.quota()
+		*held = *q
+		held.APIKey, held.Overrides = a.str([]byte(q.APIKey)), a.overridesOf(q.Overrides)
+		out = append(out, held)
+	})
 	if err != nil {
 		return nil, 0, err
+	}
+	return out, v, nil
+}
+
+// readSnapshotEach reads a snapshot file as ReadSnapshot does, telling
+// size the number of quotas and of key bytes, then passing each quota to
+// fn in one Quota value overwritten by the next (fn copies what it keeps):
+// an Index built so holds no second copy of a million quotas at the peak of
+// the load. On an error fn may have seen some quotas, which the caller
+// drops.
+func readSnapshotEach(path string, size func(n, keyBytes int), fn func(*Quota)) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
 	}
 	defer f.Close()
 	r := bufio.NewReaderSize(f, 1<<20)
 	head, _ := r.Peek(len(snapMagic))
 	if string(head) != snapMagic {
-		return readSnapshotJSON(path, r)
+		all, v, err := readSnapshotJSON(path, r)
+		if err != nil {
+			return 0, err
+		}
+		keyBytes := 0
+		for _, q := range all {
+			keyBytes += len(q.APIKey)
+		}
+		size(len(all), keyBytes)
+		for _, q := range all {
+			fn(q)
+		}
+		return v, nil
 	}
 	// One buffer of the file's size: growing one as it reads would leave
 	// twice the file in garbage, at the load's peak of memory.
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, 0, fmt.Errorf("quota: %s: %w", path, err)
+		return 0, fmt.Errorf("quota: %s: %w", path, err)
 	}
 	b := make([]byte, fi.Size())
 	n, err := io.ReadFull(r, b)
@@ -199,72 +242,84 @@ func ReadSnapshot(path string) ([]*Quota, int64, error) {
 		err = nil
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("quota: %s: %w", path, err)
+		return 0, fmt.Errorf("quota: %s: %w", path, err)
 	}
-	b = b[:n]
-	all, v, err := decodeSnapshot(b)
+	v, err := decodeSnapshot(b[:n], size, fn)
 	if err != nil {
-		return nil, 0, fmt.Errorf("quota: %s: %w", path, err)
+		return 0, fmt.Errorf("quota: %s: %w", path, err)
 	}
-	return all, v, nil
+	return v, nil
 }
 
-// decodeSnapshot returns the quotas and version of a whole binary snapshot
-// b, checksum first.
-func decodeSnapshot(b []byte) ([]*Quota, int64, error) {
+// decodeSnapshot decodes a whole binary snapshot b, checksum first, as
+// decodeSnapshotEach does.
+func decodeSnapshot(b []byte, size func(n, keyBytes int), fn func(*Quota)) (int64, error) {
 	if len(b) < snapHeaderSize+4 {
-		return nil, 0, fmt.Errorf("%w: %d bytes, shorter than a header", ErrSnapshotDamaged, len(b))
+		return 0, fmt.Errorf("%w: %d bytes, shorter than a header", ErrSnapshotDamaged, len(b))
 	}
 	body := b[:len(b)-4]
 	if got, want := crc32.Checksum(body, castagnoli), binary.LittleEndian.Uint32(b[len(b)-4:]); got != want {
-		return nil, 0, fmt.Errorf("%w: checksum %08x, the file says %08x (torn or altered)", ErrSnapshotDamaged, got, want)
+		return 0, fmt.Errorf("%w: checksum %08x, the file says %08x (torn or altered)", ErrSnapshotDamaged, got, want)
 	}
-	return decodeSnapshotBody(body)
+	return decodeSnapshotEach(body, size, fn)
 }
 
-// decodeSnapshotBody decodes a binary snapshot without its checksum. Every
-// length and index is checked against what remains, every quota validated:
-// a body that passed the checksum but was written wrong is an error too,
-// never a panic or a partial result.
+// decodeSnapshotBody returns the quotas of a binary snapshot without its
+// checksum (for the tests and the fuzzer).
 func decodeSnapshotBody(b []byte) ([]*Quota, int64, error) {
+	var out []*Quota
+	v, err := decodeSnapshotEach(b, func(int, int) {}, func(q *Quota) { out = append(out, q.Clone()) })
+	if err != nil {
+		return nil, 0, err
+	}
+	return out, v, nil
+}
+
+// decodeSnapshotEach decodes a binary snapshot without its checksum, telling
+// size the number of quotas and key bytes, then passing each quota to fn in
+// one Quota value overwritten by the next. Every length and index is
+// checked against what remains, every quota validated before fn sees it: a
+// body that passed the checksum but was written wrong is an error too, never
+// a panic.
+func decodeSnapshotEach(b []byte, size func(n, keyBytes int), fn func(*Quota)) (int64, error) {
 	damaged := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrSnapshotDamaged}, args...)...)
 	}
 	if len(b) < snapHeaderSize || string(b[:len(snapMagic)]) != snapMagic {
-		return nil, 0, damaged("no header")
+		return 0, damaged("no header")
 	}
 	if f := binary.LittleEndian.Uint32(b[8:]); f != snapFormat {
-		return nil, 0, fmt.Errorf("quota: snapshot format %d, this build reads format %d", f, snapFormat)
+		return 0, fmt.Errorf("quota: snapshot format %d, this build reads format %d", f, snapFormat)
 	}
 	version := int64(binary.LittleEndian.Uint64(b[12:]))
 	count := binary.LittleEndian.Uint64(b[20:])
 	keyLen, nameLen := binary.LittleEndian.Uint64(b[28:]), binary.LittleEndian.Uint64(b[36:])
 	rest := b[snapHeaderSize:]
 	if keyLen > uint64(len(rest)) || nameLen > uint64(len(rest))-keyLen {
-		return nil, 0, damaged("blocks of %d and %d bytes in %d", keyLen, nameLen, len(rest))
+		return 0, damaged("blocks of %d and %d bytes in %d", keyLen, nameLen, len(rest))
 	}
 	// A record takes at least 6 bytes, a key at least 1: a count beyond
 	// that is a lie, and must not size an allocation.
 	if count > uint64(len(rest))/7 {
-		return nil, 0, damaged("%d quotas cannot fit in %d bytes", count, len(rest))
+		return 0, damaged("%d quotas cannot fit in %d bytes", count, len(rest))
 	}
 	keys := string(rest[:keyLen])
 	d := decoder{b: rest[keyLen : keyLen+nameLen]}
 	nNames := d.uvarint()
 	if nNames > uint64(len(d.b)) {
-		return nil, 0, damaged("%d names in a block of %d bytes", nNames, nameLen)
+		return 0, damaged("%d names in a block of %d bytes", nNames, nameLen)
 	}
 	names := make([]string, nNames)
 	for i := range names {
 		n := d.uvarint()
 		if d.err || n > uint64(len(d.b)) {
-			return nil, 0, damaged("name %d overruns its block", i)
+			return 0, damaged("name %d overruns its block", i)
 		}
 		names[i] = string(d.b[:n]) // names are few: a copy each
 		d.b = d.b[n:]
 	}
 	if d.err || len(d.b) != 0 {
-		return nil, 0, damaged("the name block does not end where its length says")
+		return 0, damaged("the name block does not end where its length says")
 	}
 	name := func(i uint64) (string, bool) {
 		if i >= uint64(len(names)) {
@@ -273,19 +328,14 @@ func decodeSnapshotBody(b []byte) ([]*Quota, int64, error) {
 		return names[i], true
 	}
 	d = decoder{b: rest[keyLen+nameLen:]}
-	out := make([]*Quota, count)
-	var slab []Quota
-	var oslab []Override
+	size(int(count), int(keyLen))
+	var q Quota
+	var overrides [MaxOverrides]Override
 	keyAt := 0
-	for i := range out {
-		if len(slab) == 0 {
-			slab = make([]Quota, min(4096, len(out)-i))
-		}
-		q := &slab[0]
-		slab = slab[1:]
+	for i := range count {
 		kl := d.uvarint()
 		if d.err || kl > uint64(len(keys)-keyAt) {
-			return nil, 0, damaged("quota %d: its key overruns the key block", i)
+			return 0, damaged("quota %d: its key overruns the key block", i)
 		}
 		q.APIKey = keys[keyAt : keyAt+int(kl)]
 		keyAt += int(kl)
@@ -294,34 +344,30 @@ func decodeSnapshotBody(b []byte) ([]*Quota, int64, error) {
 		q.EffectiveAt, q.ExpiresAt, q.UpdatedAt = Time(d.varint()), Time(d.varint()), Time(d.varint())
 		n := d.uvarint()
 		if !ok || d.err || n > MaxOverrides {
-			return nil, 0, damaged("quota %d (%q): bad tier or override count", i, q.APIKey)
+			return 0, damaged("quota %d (%q): bad tier or override count", i, q.APIKey)
 		}
+		q.Overrides = overrides[:n:n]
 		if n > 0 {
-			if len(oslab) < int(n) {
-				oslab = make([]Override, max(4096, int(n)))
-			}
-			q.Overrides = oslab[:n:n] // capped: an append elsewhere copies
-			oslab = oslab[n:]
 			for j := range q.Overrides {
 				o := &q.Overrides[j]
 				o.Descriptor, ok = name(d.uvarint())
 				rpu := d.uvarint()
 				u := d.byte()
 				if !ok || d.err || rpu > MaxRequestsPerUnit {
-					return nil, 0, damaged("quota %d (%q): override %d is bad", i, q.APIKey, j)
+					return 0, damaged("quota %d (%q): override %d is bad", i, q.APIKey, j)
 				}
 				o.RequestsPerUnit, o.Unit = int64(rpu), rules.Unit(u)
 			}
 		}
 		if err := q.Validate(); err != nil {
-			return nil, 0, damaged("quota %d (%q): %v", i, q.APIKey, err)
+			return 0, damaged("quota %d (%q): %v", i, q.APIKey, err)
 		}
-		out[i] = q
+		fn(&q)
 	}
 	if keyAt != len(keys) || len(d.b) != 0 {
-		return nil, 0, damaged("%d key bytes and %d record bytes left over", len(keys)-keyAt, len(d.b))
+		return 0, damaged("%d key bytes and %d record bytes left over", len(keys)-keyAt, len(d.b))
 	}
-	return out, version, nil
+	return version, nil
 }
 
 // decoder reads varints from b; past its end or at a bad varint it sets err

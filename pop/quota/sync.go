@@ -71,7 +71,9 @@ func (s *Syncer) Start(ctx context.Context, timeout time.Duration) error {
 		s.log().Error("quotas: the store does not answer; starting without quotas until it does", "err", err)
 		return nil
 	}
-	all, v, ferr := ReadSnapshot(s.SnapshotPath)
+	// Built as the file is read: the quotas are not held twice.
+	var b *builder
+	v, ferr := readSnapshotEach(s.SnapshotPath, func(n, keyBytes int) { b = s.Index.builder(n, keyBytes) }, func(q *Quota) { b.add(q) })
 	switch {
 	case errors.Is(ferr, os.ErrNotExist):
 		s.log().Error("quotas: the store does not answer and there is no snapshot; starting without quotas until it does", "err", err)
@@ -79,15 +81,15 @@ func (s *Syncer) Start(ctx context.Context, timeout time.Duration) error {
 	case ferr != nil:
 		return ferr
 	}
-	s.Index.Replace(all, v)
-	s.log().Warn("quotas: the store does not answer; enforcing the last snapshot until it does", "err", err, "file", s.SnapshotPath, "quotas", len(all), "version", v)
+	s.Index.replaceTable(b.seed, b.t, b.ps, v)
+	s.log().Warn("quotas: the store does not answer; enforcing the last snapshot until it does", "err", err, "file", s.SnapshotPath, "quotas", b.t.n, "version", v)
 	return nil
 }
 
 // tableLoader is a Store that builds an Index's table while it reads its
 // snapshot (Postgres), sparing a second pass over a million keys.
 type tableLoader interface {
-	snapshotTable(ctx context.Context, seed maphash.Seed) (table, int64, error)
+	snapshotTable(ctx context.Context, seed maphash.Seed) (table, plans, int64, error)
 }
 
 // full replaces the index with the store's snapshot.
@@ -97,11 +99,11 @@ func (s *Syncer) full(ctx context.Context) error {
 	var v int64
 	if tl, ok := s.Store.(tableLoader); ok {
 		seed := s.Index.seed()
-		t, tv, err := tl.snapshotTable(ctx, seed)
+		t, ps, tv, err := tl.snapshotTable(ctx, seed)
 		if err != nil {
 			return err
 		}
-		s.Index.replaceTable(seed, t, tv)
+		s.Index.replaceTable(seed, t, ps, tv)
 		n, v = t.n, tv
 	} else {
 		all, av, err := s.Store.Snapshot(ctx)
@@ -153,12 +155,19 @@ func (s *Syncer) save() {
 	if s.SnapshotPath == "" || !s.loaded.Load() || s.Index.Version() == s.savedV.Load() || !s.saving.CompareAndSwap(false, true) {
 		return
 	}
-	v, all := s.Index.Version(), s.Index.All()
+	// The snapshot in force is immutable: the file is written from it as
+	// it is, with no copy of a million quotas.
+	view := s.Index.view()
+	if view == nil {
+		s.saving.Store(false)
+		return
+	}
+	v := view.version
 	s.saves.Add(1)
 	go func() {
 		defer s.saves.Done()
 		defer s.saving.Store(false)
-		if err := writeSnapshot(s.SnapshotPath, v, all); err != nil {
+		if err := writeSnapshotOf(s.SnapshotPath, v, view.len(), view.quotas()); err != nil {
 			s.log().Error("quotas: cannot save the snapshot", "file", s.SnapshotPath, "err", err)
 			return
 		}
