@@ -133,7 +133,7 @@ type unitCounts struct {
 	own    *crdt.Local
 	remote crdt.Counters
 	recent map[string]*recentHits // own latest admissions of keys near their limit
-	warm   map[string]int64       // keys admitted past a hotShare of their limit, and the window they last were in (hot)
+	warm   map[string]int64       // keys past a hotShare of their limit: the window they last were (hot)
 }
 
 // hotShare is the part of its limit past which a key is hot: its slots ride
@@ -613,9 +613,8 @@ func (s *Memory) collect(f func(*unitCounts) []crdt.Slot) []crdt.Slot {
 // Hot returns those of slots (this PoP's own, as Delta returns them) whose
 // keys this PoP admits near their limit (past a hotShare of it) — the keys
 // whose news the other PoPs guess at, and the only ones worth a second copy
-// on the direct path between regions (replication.HotCounts). It returns
-// nil without an estimate (Extrapolate off). It holds the lock checks of
-// replicated items take while it looks each slot's key up.
+// on the direct path between regions (replication.HotCounts). It returns nil without an
+// estimate (Extrapolate off).
 func (s *Memory) Hot(slots []crdt.Slot) []crdt.Slot {
 	if s.rep == nil {
 		return nil
