@@ -133,20 +133,7 @@ type unitCounts struct {
 	own    *crdt.Local
 	remote crdt.Counters
 	recent map[string]*recentHits // own latest admissions of keys near their limit
-	warm   map[string]int64       // keys past a hotShare of their limit: the window they last were (hot)
 }
-
-// hotShare is the part of its limit past which a key is hot: its slots ride
-// the direct path between regions too (Memory.Hot). The direct path is
-// worth its bytes only where another PoP's guess of the key's news matters,
-// but a sprayer's first window at world scale is over in 200 ms, before
-// any PoP has seen a quarter of the limit (when it begins to remember its
-// admissions, add): with keys hot only from there, edgelimit sim --direct
-// gave world 4/5/4/4/5/12/5/10/5% worst over seeds 0–8; from a 32nd,
-// 4/5/5/4/4/5/4/4/5% (every delta slot: 4/6/5/5/4/7% for seeds 3–8, at
-// 1.56× async-sync's bytes on the mix, against 1.49× from a 32nd and
-// 1.25× from a quarter).
-const hotShare = 32
 
 // recentHits remembers when this PoP admitted its latest hits of one key:
 // the running total after each admission, for the last recentLen of them.
@@ -211,7 +198,7 @@ func newReplicated(self string, regionPeers []string, extrapolate bool) *replica
 func (r *replicated) unit(w int64) *unitCounts {
 	u := r.units[w]
 	if u == nil {
-		u = &unitCounts{own: crdt.NewLocal(r.self), recent: make(map[string]*recentHits), warm: make(map[string]int64)}
+		u = &unitCounts{own: crdt.NewLocal(r.self), recent: make(map[string]*recentHits)}
 		r.units[w] = u
 	}
 	return u
@@ -422,11 +409,7 @@ func (r *replicated) add(it *limit.Item, st *limit.State, now, hits int64) {
 	key := unsafe.String(unsafe.SliceData(it.Key), len(it.Key))
 	rh := u.recent[key]
 	if rh == nil {
-		near, limit := float64(st.Cur+st.Prev)+st.Unheard, float64(it.Spec.Limit)
-		if hotShare*near >= limit && u.warm[key] < st.Start {
-			u.warm[string(it.Key)] = st.Start
-		}
-		if 4*near < limit {
+		if 4*(float64(st.Cur+st.Prev)+st.Unheard) < float64(it.Spec.Limit) {
 			return // far from the limit: not worth the memory
 		}
 		rh = &recentHits{from: now}
@@ -448,11 +431,6 @@ func (r *replicated) sweep(now int64) {
 			// read; an idle key's admissions cost memory for nothing.
 			if now-rh.last() > recentIdle {
 				delete(u.recent, k)
-			}
-		}
-		for k, start := range u.warm {
-			if start < horizon {
-				delete(u.warm, k) // warm again at its next admission past a hotShare
 			}
 		}
 	}
@@ -611,10 +589,11 @@ func (s *Memory) collect(f func(*unitCounts) []crdt.Slot) []crdt.Slot {
 }
 
 // Hot returns those of slots (this PoP's own, as Delta returns them) whose
-// keys this PoP admits near their limit (past a hotShare of it) — the keys
-// whose news the other PoPs guess at, and the only ones worth a second copy
-// on the direct path between regions (replication.HotCounts). It returns nil without an
-// estimate (Extrapolate off).
+// keys this PoP admits near their limit — the keys whose news the other
+// PoPs guess at, and the only ones worth a second copy on the direct path
+// between regions (replication.HotCounts). It returns nil without an
+// estimate (Extrapolate off). It holds the lock checks of replicated items
+// take while it looks each slot's key up.
 func (s *Memory) Hot(slots []crdt.Slot) []crdt.Slot {
 	if s.rep == nil {
 		return nil
@@ -622,16 +601,15 @@ func (s *Memory) Hot(slots []crdt.Slot) []crdt.Slot {
 	return s.rep.hot(slots)
 }
 
-// hot is Hot for either store: a key is hot while this PoP remembers its
-// recent admissions, or once it admitted the key past a hotShare of its
-// limit in this window or the last (add).
+// hot is Hot for either store: a key is near its limit while this PoP
+// remembers its recent admissions (add).
 func (r *replicated) hot(slots []crdt.Slot) []crdt.Slot {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []crdt.Slot
 	for _, sl := range slots {
 		for _, u := range r.units {
-			if u.recent[sl.Key] != nil || u.warm[sl.Key] != 0 {
+			if u.recent[sl.Key] != nil {
 				out = append(out, sl)
 				break
 			}

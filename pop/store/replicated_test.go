@@ -196,34 +196,3 @@ func TestApplyBatch(t *testing.T) {
 		}
 	}
 }
-
-// TestHot: a key is hot (Memory.Hot: its slots ride the direct path too)
-// once this PoP admitted it past a hotShare of its limit, and no longer two
-// windows after it last was; a key below that share is not.
-func TestHot(t *testing.T) {
-	t0 := limittest.T0.UnixNano() // a window starts here
-	sec := int64(time.Second)
-	hotIt := windowItem(rules.Second, limit.SlidingWindow, limit.ScopeGlobal, 320, "hot")
-	coldIt := windowItem(rules.Second, limit.SlidingWindow, limit.ScopeGlobal, 320, "cold")
-	s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
-	admit(t, s, t0, hotIt, 10) // 10 of 320: a 32nd
-	admit(t, s, t0, coldIt, 9)
-	slots := []crdt.Slot{
-		{Key: string(hotIt.Key), Window: t0, Replica: "a", Count: 10},
-		{Key: string(coldIt.Key), Window: t0, Replica: "a", Count: 9},
-	}
-	if got := s.Hot(slots); len(got) != 1 || got[0].Key != string(hotIt.Key) {
-		t.Fatalf("Hot = %v, want the key past a 32nd of its limit only", got)
-	}
-	s.SweepAt(t0 + sec) // the window after: still hot
-	if got := s.Hot(slots[:1]); len(got) != 1 {
-		t.Errorf("Hot a window later = %v, want the key still hot", got)
-	}
-	s.SweepAt(t0 + 2*sec) // two windows after its last admission past the share
-	if got := s.Hot(slots[:1]); len(got) != 0 {
-		t.Errorf("Hot two windows later = %v, want none", got)
-	}
-	if got := NewMemory(MemoryConfig{Replica: "a"}).Hot(slots); got != nil {
-		t.Errorf("Hot without an estimate = %v, want none", got)
-	}
-}
