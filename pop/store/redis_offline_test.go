@@ -205,3 +205,37 @@ func hashHas(f []string, field string, n uint64) bool {
 	}
 	return false
 }
+
+// A PoP on Redis restarted (its own counts restored from its data directory,
+// as replication.Persisted.RestoreFrom does) whose Redis then goes away
+// decides a global limit on its own count too: its estimate had only the
+// other PoPs' counts after a restart, so its fallback re-granted the hits it
+// had admitted before (the soak: a Redis PoP 68 ms after a kill -9 admitted
+// into a global window already over its limit).
+func TestFallbackAfterRestartKnowsOwnCounts(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := new(replClock)
+	now := clock.at(limittest.T0.Add(10 * time.Second).UnixNano())
+	cfg := RedisConfig{ClockSource: ClockLocal, Clock: clock.Load, Replica: "a", Extrapolate: true, Timeout: 50 * time.Millisecond}
+	it := windowItem(rules.Hour, limit.SlidingWindow, limit.ScopeGlobal, 10, "restarted")
+	before := openTestRedis(t, srv.URL(), cfg)
+	if got := admit(t, before, now, it, 6); got != 6 {
+		t.Fatalf("admitted %d of 6 before the restart", got)
+	}
+	own, err := before.OwnCtx(context.Background())
+	if err != nil || len(own) != 1 || own[0].Count != 6 {
+		t.Fatalf("own slots before the restart: %v, %v", own, err)
+	}
+
+	after := openTestRedis(t, srv.URL(), cfg) // the restarted PoP, on the same Redis
+	after.Restore(own)
+	if err := after.ReplicationErr(); err != nil {
+		t.Fatal(err)
+	}
+	fa := NewFallback(after, NewMemory(MemoryConfig{Primary: after}), FallbackConfig{Failures: 1, Cooldown: time.Minute})
+	srv.Pause()
+	t.Cleanup(srv.Resume)
+	if got := admit(t, fa, now, it, 10); got != 4 {
+		t.Fatalf("the restarted PoP admitted %d while its Redis was away, want the 4 its own 6 left (stats %+v)", got, fa.Stats())
+	}
+}

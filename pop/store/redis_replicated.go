@@ -454,6 +454,7 @@ func (s *Redis) RestoreCtx(ctx context.Context, own []crdt.Slot) error {
 	now := s.now()
 	var args []mergeArg
 	var kbuf []byte
+	var est []crdt.Slot // the live slots, for the estimate
 	r.mu.Lock()
 	for _, sl := range own {
 		if sl.Replica != r.self || sl.Count == 0 {
@@ -468,6 +469,7 @@ func (s *Redis) RestoreCtx(ctx context.Context, own []crdt.Slot) error {
 		if !live {
 			continue
 		}
+		est = append(est, sl)
 		it := limit.Item{Key: []byte(sl.Key), Spec: limit.Spec{Algorithm: alg}}
 		kbuf = appendRedisKey(kbuf[:0], &it)
 		args = append(args, mergeArg{key: string(kbuf), slot: keySlot(it.Key),
@@ -480,6 +482,19 @@ func (s *Redis) RestoreCtx(ctx context.Context, own []crdt.Slot) error {
 		}
 	}
 	r.mu.Unlock()
+	// The estimate holds this PoP's own counts too: its Fallback decides
+	// region and global limits on them while Redis is away
+	// (redis_offline.go), and a restarted PoP's estimate had only the other
+	// PoPs' (Apply), so it re-granted what it had admitted before the
+	// restart (TestFallbackAfterRestartKnowsOwnCounts).
+	if e := s.est; e != nil && len(est) > 0 {
+		e.mu.Lock()
+		for _, sl := range est {
+			w, _, _ := slotWindow(sl.Key)
+			e.unit(w).own.Restore(sl)
+		}
+		e.mu.Unlock()
+	}
 	if err := s.merge(ctx, "o", args); err != nil {
 		return fmt.Errorf("store: redis: restoring %d own slots: %w", len(args), err)
 	}
