@@ -208,9 +208,7 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			url = srv.ClientURL()
 			log.Info("embedded NATS serving", "url", url, "domain", f.region)
 		}
-		nc, err := replication.Connect(replication.ConnConfig{URL: url, Name: "edgelimit " + f.pop,
-			User: f.natsUser, Password: f.natsPass, NKeySeedFile: f.natsNKey, CredsFile: f.natsCreds, CAFile: f.natsCA, CertFile: f.natsCert, KeyFile: f.natsKey,
-			Logger: log.With("component", "nats-client")})
+		nc, err := replication.Connect(f.connConfig(url, "edgelimit "+f.pop, log.With("component", "nats-client")))
 		if err != nil {
 			closeAll()
 			return nil, nil, fmt.Errorf("nats %s: %w", url, err)
@@ -221,9 +219,8 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			// The same credentials: every server of the deployment knows
 			// every PoP (edgelimit natsconf), and a PoP may subscribe to
 			// every region's batches.
-			dc, err := replication.Connect(replication.ConnConfig{URL: f.direct[region], Name: "edgelimit " + f.pop + " direct to " + region,
-				User: f.natsUser, Password: f.natsPass, NKeySeedFile: f.natsNKey, CredsFile: f.natsCreds, CAFile: f.natsCA, CertFile: f.natsCert, KeyFile: f.natsKey,
-				Logger: log.With("component", "nats-client", "direct_to", region)})
+			dc, err := replication.Connect(f.connConfig(f.direct[region], "edgelimit "+f.pop+" direct to "+region,
+				log.With("component", "nats-client", "direct_to", region)))
 			if err != nil {
 				closeAll()
 				return nil, nil, fmt.Errorf("--nats-direct %s=%s: %w", region, f.direct[region], err)
@@ -267,6 +264,14 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 		}
 		return run, ready, nil
 	}
+}
+
+// connConfig is a NATS connection to url with this PoP's credentials and
+// TLS: to its region's servers (--nats) and to other regions' (--nats-direct).
+func (f *replFlags) connConfig(url, name string, log *slog.Logger) replication.ConnConfig {
+	return replication.ConnConfig{URL: url, Name: name,
+		User: f.natsUser, Password: f.natsPass, NKeySeedFile: f.natsNKey, CredsFile: f.natsCreds, CAFile: f.natsCA, CertFile: f.natsCert, KeyFile: f.natsKey,
+		Logger: log}
 }
 
 // waitCatchUp waits, in the background, until r has caught up on its
