@@ -684,7 +684,9 @@ func (r *run) ready(p int) {
 			r.rejected += int64(n)
 		}
 		if rd.ClockChanged {
+			old := r.skew[p]
 			r.skew[p] = r.rawSkew[p] + rd.ClockOffset
+			r.stores[p].MoveClock(r.clock(p), r.skew[p]-old)
 		}
 		c.Advance(rd)
 	}

@@ -569,3 +569,50 @@ func TestMirrorSteadyCap(t *testing.T) {
 		})
 	}
 }
+
+// TestWindowStep: a PoP's clock steps across a window boundary after it
+// admitted 60 of a key's 100 a second, within 50 ms (clock agreement moved
+// it, MoveClock). Those 60 are less than a second old for the whole next
+// window, so 800 ms into it the PoP has 40 left at most. Forward: the 60
+// were counted in the window before and would weigh as the previous
+// window's (12 of them left at 800 ms: 88 admitted by a store not told of
+// the step). Back: the 60 are in what is now the next window, where a
+// check counts them as current whether or not the store was told (before,
+// they were not counted at all: 100 admitted).
+func TestWindowStep(t *testing.T) {
+	ms := int64(time.Millisecond)
+	it := perSecond(limit.SlidingWindow, 100, "step")
+	s0 := limit.WindowStart(limittest.T0.Add(30*time.Second).UnixNano(), it.Spec.Window)
+	for _, c := range []struct {
+		name         string
+		at, step     int64 // admissions from at, by the clock before the step
+		told, untold int   // admitted 800 ms into the window after (forward) or 50 ms before the old one (back)
+	}{
+		{"forward", s0 - 100*ms, 150 * ms, 28, 88},
+		{"back", s0 + 50*ms, -150 * ms, 40, 40},
+	} {
+		for _, tell := range []bool{true, false} {
+			s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+			for i := range int64(60) {
+				if admit(t, s, c.at+i*ms*50/60, it, 1) != 1 {
+					t.Fatalf("%s: hit %d denied", c.name, i)
+				}
+			}
+			now := c.at + 50*ms + c.step
+			if tell {
+				s.MoveClock(now, c.step)
+			}
+			check := s0 + 800*ms
+			if c.step < 0 {
+				check = s0 - 50*ms
+			}
+			want := c.untold
+			if tell {
+				want = c.told
+			}
+			if n := admit(t, s, check, it, 100); n != want {
+				t.Errorf("%s, told of the step %v: admitted %d, want %d", c.name, tell, n, want)
+			}
+		}
+	}
+}

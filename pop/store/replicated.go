@@ -228,7 +228,9 @@ func (r *replicated) state(it *limit.Item, now int64) limit.State {
 	if r.extrapolate {
 		// A replica whose clock is ahead already counts in the next
 		// window what happens now: its hits there are this window's too.
-		st.Cur += int64(u.remote.TotalOf(hr, start+w, in))
+		// So do this PoP's own after its clock stepped back across a
+		// window boundary (moveClock): they were admitted moments ago.
+		st.Cur += int64(u.remote.TotalOf(hr, start+w, in) + u.own.CountOf(ho, start+w))
 		// Far from the limit — under an eighth of it heard — a guess at
 		// the hits not heard yet changes no decision worth its cost: it
 		// would take the others admitting seven times what was heard in
@@ -416,6 +418,57 @@ func (r *replicated) add(it *limit.Item, st *limit.State, now, hits int64) {
 		u.recent[string(it.Key)] = rh
 	}
 	rh.add(now, hits)
+}
+
+// moveClock takes a step d of the clock the PoP decides on (the PoPs'
+// clock agreement moved it), now being the new clock. The hits already
+// counted keep their windows, but the times this PoP remembers shift with
+// the clock: its recent admissions and when it applied each replica's news.
+//
+// A step forward across a window boundary also moves where hits fall: the
+// own hits of a key admitted in what the new clock calls the new window
+// were counted in the old one, where a sliding count weighs them as the
+// previous window's and forgets them as it slides — up to a whole window
+// before they are a window old (skew: a PoP 300 ms behind counted a
+// sprayer's first 100 ms in the window before and let them go over the
+// next second, 10% over the limit). So for each key near its limit (add
+// keeps its admission times) the hits admitted since the new window began
+// are counted in it too. The old window's count cannot be lowered (a
+// replica never publishes less), so they count twice while it weighs:
+// from twice at the step down to once at the window's end — the safe side.
+// (A step back needs nothing here: state counts own hits of the next
+// window as current.) Requires r.mu not held.
+func (r *replicated) moveClock(now, d int64) {
+	if d == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for w, u := range r.units {
+		start, was := limit.WindowStart(now, w), limit.WindowStart(now-d, w)
+		for k, rh := range u.recent {
+			if start > was {
+				// Admitted since the new window began: after start−d by
+				// the old clock the ring's times are on.
+				moved := min(rh.since(start-d, now-d), float64(u.own.Count(k, was)))
+				if n := uint64(moved); n > 0 {
+					u.own.Add(k, start, n)
+				}
+			}
+			rh.shift(d)
+		}
+	}
+	for _, c := range r.clocks {
+		c.recv += d
+	}
+}
+
+// shift moves the times r remembers by d: the clock they are on stepped.
+func (r *recentHits) shift(d int64) {
+	for i := range r.n {
+		r.at[(r.next-1-i+2*recentLen)%recentLen] += d
+	}
+	r.from += d
 }
 
 // sweep drops, for every window length, the windows before the previous one.
@@ -634,7 +687,22 @@ func (s *Memory) Apply(sent int64, remote []crdt.Slot) {
 
 // SetClockOffset makes Apply take the wall clock plus d as the time of
 // applying: the clock the engine decides on (pop.Engine.SetClockOffset).
-func (s *Memory) SetClockOffset(d time.Duration) { s.clock.Store(int64(d)) }
+// It also takes the step from the offset before (MoveClock).
+func (s *Memory) SetClockOffset(d time.Duration) {
+	if old := s.clock.Swap(int64(d)); old != int64(d) {
+		s.MoveClock(time.Now().UnixNano()+int64(d), int64(d)-old)
+	}
+}
+
+// MoveClock tells the store that the clock it decides on stepped by d
+// (ns), now (unix ns) being the new clock: see replicated.moveClock. A
+// driver with its own clock (the simulator) calls it where SetClockOffset
+// would.
+func (s *Memory) MoveClock(now, d int64) {
+	if s.rep != nil {
+		s.rep.moveClock(now, d)
+	}
+}
 
 // ApplyAt is Apply at now (unix ns): the stamp and the time of applying tell
 // how old each sender's news is (see MemoryConfig.Extrapolate).
