@@ -608,9 +608,10 @@ func TestWireSize(t *testing.T) {
 
 // TestDirect: with a direct path (Scenario.Direct), a link held up behind a
 // lost message no longer holds edgelimit's news — at 1% loss its overshoot
-// falls, in every seed's mean and by half in its worst windows over the
-// seeds — and the copies it carries are counted on the wire; the baselines
-// run as before.
+// falls, by a third in its mean excess and by half in its worst windows
+// over the seeds — and the copies it carries are counted on the wire; the
+// baselines run as before. (Not in every seed's mean: where the estimate
+// follows a stall well without it, one seed's mean is as low either way.)
 func TestDirect(t *testing.T) {
 	sc, err := ParseScenario([]byte(`
 seed: 3
@@ -625,6 +626,7 @@ sources: [{rate: 5000, spread: spray}]
 		t.Fatal(err)
 	}
 	var worst, worstDirect int64
+	var mean, meanDirect float64
 	for _, seed := range []uint64{1, 2, 3, 4} {
 		sc.Seed, sc.Direct = seed, false
 		plain, _ := table(t, sc)
@@ -644,11 +646,12 @@ sources: [{rate: 5000, spread: spray}]
 				t.Errorf("seed %d: edgelimit: %d messages, %d bytes with a direct path, %d and %d without: its copies are not counted",
 					seed, d.Messages, d.Bytes, r.Messages, r.Bytes)
 			}
-			if d.MeanWindowExcess >= r.MeanWindowExcess {
-				t.Errorf("seed %d: edgelimit's mean excess %.1f hits a window with a direct path, %.1f without", seed, d.MeanWindowExcess, r.MeanWindowExcess)
-			}
+			mean, meanDirect = mean+r.MeanWindowExcess, meanDirect+d.MeanWindowExcess
 			worst, worstDirect = worst+r.WorstOvershoot, worstDirect+d.WorstOvershoot
 		}
+	}
+	if 3*meanDirect > 2*mean {
+		t.Errorf("edgelimit's mean excess summed over the seeds: %.1f hits a window with a direct path, %.1f without: want under two thirds", meanDirect, mean)
 	}
 	if 2*worstDirect > worst {
 		t.Errorf("edgelimit's worst windows summed over the seeds: %d with a direct path, %d without: want under half", worstDirect, worst)

@@ -403,12 +403,16 @@ func TestMirrorFollowsStall(t *testing.T) {
 		}
 		return float64(since) * float64(bCount) / float64(len(hits)-since)
 	}
-	checks := map[int64]string{
-		// 150 ms after b's last news (applied at 640 ms): 190 ms old, held
-		// to one gap (10 ms) past the delay (40 ms), plus stallReach.
-		t0 + 790*ms: "stalled 150 ms",
-		// Still 150 ms: a silence that long is taken for a cut.
-		t0 + 940*ms: "silent 300 ms",
+	type check struct {
+		name string
+		age  int64 // the age the mirror follows
+	}
+	checks := map[int64]check{
+		// 150 ms after b's last news (applied at 640 ms): 190 ms old,
+		// within one gap (10 ms) past the delay (40 ms), plus stallReach.
+		t0 + 790*ms: {"stalled 150 ms", 190 * ms},
+		// Held to that: a silence longer is taken for a cut.
+		t0 + 940*ms: {"silent 300 ms", 10*ms + 40*ms + int64(stallReach)},
 	}
 	// Both admit one hit each 5 ms; b's news comes every 10 ms, 40 ms on
 	// the way, until its last, sent at 600 ms.
@@ -421,16 +425,16 @@ func TestMirrorFollowsStall(t *testing.T) {
 			t.Fatalf("denied at %v, far below the limit", time.Duration(at-t0))
 		}
 		hits = append(hits, at)
-		name, ok := checks[at]
+		c, ok := checks[at]
 		if !ok {
 			continue
 		}
 		s.rep.mu.Lock()
 		st := s.rep.state(&it, at)
 		s.rep.mu.Unlock()
-		if want := mirror(at, 150*ms); math.Abs(st.Unheard-want) > 1e-4 {
-			t.Errorf("%s: Unheard = %v, want %v (the mirror over 150ms); over one gap past the delay it is %v",
-				name, st.Unheard, want, mirror(at, 50*ms))
+		if want := mirror(at, c.age); math.Abs(st.Unheard-want) > 1e-4 {
+			t.Errorf("%s: Unheard = %v, want %v (the mirror over %v); over one gap past the delay it is %v",
+				c.name, st.Unheard, want, time.Duration(c.age), mirror(at, 50*ms))
 		}
 	}
 }
@@ -622,5 +626,58 @@ func TestWindowStep(t *testing.T) {
 				t.Errorf("%s, told of the step %v: admitted %d, want %d", c.name, tell, n, want)
 			}
 		}
+	}
+}
+
+// TestHeldReplica: a admits a key near its limit that b tells it of; c's
+// news (of another key) came 10 ms apart, and c has told nothing of the
+// key. While c's news flows, c admitted none of it and is guessed at
+// nothing; when c has been silent for 150 ms (its link stalled) it is
+// guessed at what b is counted at — b's sliding count plus the guess of
+// b; after 4 s of silence c is gone and guessed at nothing again. A key no
+// replica told of gets nothing for a held c either.
+func TestHeldReplica(t *testing.T) {
+	ms := int64(time.Millisecond)
+	it := perSecond(limit.SlidingWindow, 200, "held")
+	other := perSecond(limit.SlidingWindow, 200, "other")
+	now := limit.WindowStart(limittest.T0.Add(30*time.Second).UnixNano(), it.Spec.Window) + 600*ms
+	start := limit.WindowStart(now, it.Spec.Window)
+	unheard := func(cLast int64, bTells bool) float64 {
+		t.Helper()
+		s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+		for _, sent := range []int64{cLast - 10*ms, cLast} {
+			s.ApplyAt(sent+5*ms, sent, []crdt.Slot{{Key: string(other.Key), Window: limit.WindowStart(sent, it.Spec.Window), Replica: "c", Count: 1}})
+		}
+		for i := int64(0); i < 50; i++ { // 500 ms of news, 10 ms apart, 5 ms on the way
+			sent := now - 505*ms + i*10*ms
+			if bTells {
+				s.ApplyAt(sent+5*ms, sent, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: uint64(10 + i/2)}})
+			} else {
+				s.ApplyAt(sent+5*ms, sent, []crdt.Slot{{Key: string(other.Key), Window: start, Replica: "b", Count: uint64(1 + i)}})
+			}
+		}
+		for i := int64(0); i < 40; i++ { // a: 40 hits over the last 400 ms
+			if admit(t, s, now-400*ms+i*10*ms, it, 1) != 1 {
+				t.Fatalf("a's hit %d denied", i)
+			}
+		}
+		s.rep.mu.Lock()
+		defer s.rep.mu.Unlock()
+		return s.rep.state(&it, now).Unheard
+	}
+	fresh := unheard(now-5*ms, true)
+	if fresh <= 0 {
+		t.Fatalf("Unheard with c's news flowing = %v, want b's guess > 0", fresh)
+	}
+	bCount := 10 + 49/2 // what b last told, all in this window
+	want := fresh + float64(bCount) + fresh
+	if got := unheard(now-150*ms, true); math.Abs(got-want) > 1e-9 {
+		t.Errorf("c silent 150 ms: Unheard = %v, want %v (b's guess %v, plus b's %d and its guess for c)", got, want, fresh, bCount)
+	}
+	if got := unheard(now-4000*ms, true); math.Abs(got-fresh) > 1e-9 {
+		t.Errorf("c silent 4 s: Unheard = %v, want %v (b's guess alone)", got, fresh)
+	}
+	if got := unheard(now-150*ms, false); got != 0 {
+		t.Errorf("no replica told of the key, c silent 150 ms: Unheard = %v, want 0", got)
 	}
 }

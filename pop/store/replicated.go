@@ -64,11 +64,20 @@ const (
 	// guess). Measured with edgelimit sim against the capped age, seeds
 	// 0–2: world worst 13/8/11% → 7/7/8%, anycast 11.9/15.3/12.3% →
 	// 9.5/9.2/13.4% (4.8–7.8% without the rate's bound, which denied a
-	// quiet replica's partner at 8 of 10). Further is worse: past a stall
-	// the silence is more likely a cut, where the two sides do not see the
-	// same news (partition's undetected cut 134–140% at 200 ms unbounded),
-	// and false denials grow.
-	stallReach = float64(100 * time.Millisecond)
+	// quiet replica's partner at 8 of 10). It was 100 ms, past which the
+	// silence looked more like a cut than a stall (partition's undetected
+	// cut 134–140% at 200 ms, before the rate's bound). It is now the
+	// retransmission floor itself: on links busy with other keys a
+	// replica's usual gap is a few ms, not the 100 ms of a flush, and the
+	// last half of every stall went unguessed. Measured with edgelimit sim,
+	// seeds 0–11, mean of the worst windows, 100 → 200 ms: with --direct
+	// anycast 3.97 → 3.52% (its worst seed 6.5 → 7.7%), anycast-busy
+	// 3.51 → 2.58%, world 7.58 → 7.25%, world-anycast 5.75 → 5.92%,
+	// world-busy and partition unchanged; without --direct anycast
+	// 10.85 → 6.62%, anycast-busy 9.66 → 6.67%, the others within 0.3
+	// points; false denials 0.5–2.7 points more without --direct, none
+	// with it.
+	stallReach = float64(200 * time.Millisecond)
 	// steadyPace and steadyCap bound the mirror where the room frees as
 	// the window slides (see steady). Measured with edgelimit sim --direct,
 	// seeds 0–2, against the mirror uncapped: world's f-deny 72.2/69.5/71.5%
@@ -285,14 +294,60 @@ func (r *replicated) unheard(u *unitCounts, key string, ho, hr crdt.KeyHash, sta
 	if rh != nil {
 		mine = u.ownSliding(ho, start, w, prevWeight(now, start, w))
 	}
-	extra := 0.0
+	extra, told := 0.0, 0.0
 	for _, c := range reps {
+		told += float64(c.prev)*prevWeight(now, start, w) + float64(c.cur)
 		if clk := r.clock(c.name); clk != nil {
 			extra += clk.guess(c.cur, c.prev, start, w, now, rh, mine)
 		}
 	}
+	if rh != nil && len(reps) > 0 && len(reps) < len(r.clocks) {
+		// Replicas held up that told nothing of the key: as the ones
+		// that told (see held).
+		mean := (told + extra) / float64(len(reps))
+		for _, clk := range r.clocks {
+			if clk.held(now) && (in == nil || in(clk.name)) && !slices.ContainsFunc(reps, func(c rc) bool { return c.name == clk.name }) {
+				extra += mean
+			}
+		}
+	}
 	return extra
 }
+
+// held reports whether the replica's news is held up at now: it has been
+// silent for more than twice its usual gap between messages, but not for
+// heldMax.
+//
+// unheard guesses, for each replica that told of a key, what it admitted
+// since its news (guess); a replica that told nothing of the key — in
+// either window — counts nothing at all. Where it told nothing because its
+// news is held up (a lost segment stalls its link for a retransmission,
+// ≥ 200 ms; a cut), nothing is the least likely count: a key near its
+// limit here is, as a rule, sprayed or spread, and a stalled replica
+// probably admitted it as the replicas that told did. So unheard counts
+// each such replica at the mean of those: their sliding counts plus what
+// it guessed of them. A replica whose news flows and that told nothing
+// did not admit the key, and none is guessed for a key no other replica
+// told of (one pinned to this PoP). Measured with edgelimit sim, seeds
+// 0–5, with --direct: partition's worst (an undetected cut: the other
+// side's replicas tell nothing of the key from the second window of the
+// cut on) 111.6–115.3% → 99.4–100.1%, world-busy's 9–18% → 8–12% (a
+// region stalled in a key's first window); the other scenarios unchanged.
+//
+// Past heldMax the replica is gone or cut off for good: the core notices a
+// cut region after its unreachable-after (3 s by default) and shrinks the
+// region's share of a global limit instead, and a PoP that stopped (a
+// single PoP of a region that still beacons) is not counted forever.
+func (c *replicaClock) held(now int64) bool {
+	silent := float64(now - c.recv)
+	return silent > max(2*c.gap, heldMin) && silent < heldMax
+}
+
+// heldMin and heldMax bound the silence held takes for a stall.
+const (
+	heldMin = float64(20 * time.Millisecond)
+	heldMax = float64(3 * time.Second)
+)
 
 // guess is unheard's estimate for one replica whose news is c, with counts
 // cur and prev of key in the windows that start at start and start−w; rh
