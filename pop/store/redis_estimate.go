@@ -115,7 +115,7 @@ func (s *Redis) estimateApply(now, sent int64, remote []crdt.Slot) {
 	var misses []estimateMiss
 	e.mu.Lock()
 	if s.cfg.EstimateMiss != nil {
-		misses = e.misses(remote, now)
+		misses = e.misses(remote, now, sent)
 	}
 	e.applyLocked(now, sent, remote)
 	e.mu.Unlock()
