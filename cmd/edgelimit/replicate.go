@@ -356,6 +356,7 @@ var (
 		{"edgelimit_replication_applied_batches_total", "Other PoPs' delta batches applied (from the stream).", func(s replication.Stats) uint64 { return s.AppliedBatches }},
 		{"edgelimit_replication_applied_slots_total", "Slots of other PoPs applied from delta batches.", func(s replication.Stats) uint64 { return s.AppliedSlots }},
 		{"edgelimit_replication_applied_snapshots_total", "Other PoPs' snapshot messages applied (anti-entropy).", func(s replication.Stats) uint64 { return s.AppliedSnapshots }},
+		{"edgelimit_replication_hot_batches_total", "Batches of this PoP's slots of keys near their limit published again on its hot subject, for other regions' direct paths (--nats-direct).", func(s replication.Stats) uint64 { return s.HotBatches }},
 		{"edgelimit_replication_direct_batches_total", "Other regions' batches taken straight off their subjects: on the direct path (--nats-direct), and while stream sourcing was stalled.", func(s replication.Stats) uint64 { return s.DirectBatches }},
 		{"edgelimit_mitigation_bits_published_total", "Mitigation bits JetStream acknowledged.", func(s replication.Stats) uint64 { return s.PublishedBits }},
 		{"edgelimit_mitigation_bits_applied_total", "Other PoPs' mitigation bits applied from batches.", func(s replication.Stats) uint64 { return s.AppliedBits }},

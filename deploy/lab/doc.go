@@ -17,6 +17,15 @@
 // kernel here has no netem, nor iptables). A region is cut by taking its
 // wan link down, so the lab can still watch it.
 //
+// A scenario with direct: true (the lab's -direct) also gives every PoP the
+// direct paths of `edgelimit pop --nats-direct`: for each server of every
+// other region a relay of the PoP's own (Plan.Direct), listening on its
+// region's wan side and dialing that server's client port from the other
+// region's wan address, with the link between the two regions, so that each
+// PoP's connection to a region is a stream of its own that loses and stalls
+// on its own, as the simulator's direct path does; a cut of either region
+// cuts it. The simulator run beside it then has direct: true too.
+//
 // Run needs root (ip netns), and tears down everything it made — also on
 // error and on interrupt — and, before it starts, whatever an earlier run
 // left behind (everything named with Prefix).

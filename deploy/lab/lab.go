@@ -185,21 +185,41 @@ func (l *lab) start(h Host, name string, env []string, bin string, args ...strin
 }
 
 // startRelays puts a relay on every link between a leaf region and a hub
-// server, dialing from the hub's wan address.
+// server, dialing from the hub's wan address, and on every direct path's
+// (PoP, other region's server), dialing from that region's wan address:
+// the address its hosts route back to over its own wan link (as a leaf
+// link's relay dials the hub), so that a cut of either region's link cuts
+// the direct path too. Every relay has its own seed.
 func (l *lab) startRelays() error {
 	hub := l.plan.Regions[0]
-	for i, lp := range l.plan.Links {
-		p, err := faultnet.Listen(lp.Listen, lp.Target, faultnet.Options{
-			Seed: l.plan.Scenario.Seed + uint64(i), LocalAddr: wanIP(hub.Index, false)})
-		if err != nil {
+	seed := l.plan.Scenario.Seed
+	for _, lp := range l.plan.Links {
+		if err := l.relay(lp.Listen, lp.Target, wanIP(hub.Index, false), seed, lp.Link); err != nil {
 			return err
 		}
-		l.relays = append(l.relays, p)
-		if err := p.SetLink(lp.Link); err != nil {
+		seed++
+	}
+	for _, d := range l.plan.Direct {
+		to, _ := l.plan.Region(d.To)
+		if err := l.relay(d.Listen, d.Target, wanIP(to.Index, false), seed, d.Link); err != nil {
 			return err
 		}
+		seed++
+	}
+	if len(l.plan.Direct) > 0 {
+		l.logf("%d relays for the PoPs' direct paths (--nats-direct)", len(l.plan.Direct))
 	}
 	return nil
+}
+
+// relay starts one relay from listen to target, dialing from local.
+func (l *lab) relay(listen, target, local string, seed uint64, link faultnet.Link) error {
+	p, err := faultnet.Listen(listen, target, faultnet.Options{Seed: seed, LocalAddr: local})
+	if err != nil {
+		return fmt.Errorf("lab: relay %s → %s: %w", listen, target, err)
+	}
+	l.relays = append(l.relays, p)
+	return p.SetLink(link)
 }
 
 // startNATS starts every region's servers from deploy/nats as an operator
@@ -448,6 +468,9 @@ func (l *lab) startPoPs(ctx context.Context) error {
 				"--partition-share", strconv.FormatFloat(sc.PartitionShare, 'g', -1, 64)}
 			if sc.BitsInterval > 0 {
 				args = append(args, "--urgent-interval", sc.BitsInterval.String())
+			}
+			if d := l.plan.DirectFlag(h.Name); d != "" {
+				args = append(args, "--nats-direct", d)
 			}
 			l.popArg[h.Name] = args
 			if err := l.startPoP(h); err != nil {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgelimit/edgelimit/deploy/lab/faultnet"
 	"github.com/edgelimit/edgelimit/pop/loadgen"
 	"github.com/edgelimit/edgelimit/simulate"
 )
@@ -62,6 +63,62 @@ func TestPlan(t *testing.T) {
 		if _, err := NewPlan(loadScenario(t, bad)); err == nil {
 			t.Errorf("NewPlan(%s) accepted a scenario the lab cannot run", bad)
 		}
+	}
+}
+
+// TestPlanDirect lays out anycast.yaml (2 regions × 2 PoPs) with direct
+// paths: every PoP gets a relay of its own per server of the other region,
+// on its own region's wan address, to that server's client port, with the
+// link between the two regions; its --nats-direct names them. Without
+// Scenario.Direct there are none.
+func TestPlanDirect(t *testing.T) {
+	sc := loadScenario(t, "anycast.yaml")
+	sc.Duplicate = 0 // TCP delivers once: the lab refuses duplicates
+	p, err := NewPlan(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Direct) != 0 || p.DirectFlag("us-east") != "" {
+		t.Fatalf("direct relays %+v without Scenario.Direct", p.Direct)
+	}
+	sc.Direct = true
+	if p, err = NewPlan(sc); err != nil {
+		t.Fatal(err)
+	}
+	if want := 4 * NATSPerRegion; len(p.Direct) != want {
+		t.Fatalf("%d direct relays, want one per (PoP, other region's server): %d", len(p.Direct), want)
+	}
+	us2eu := faultnet.Link{Delay: 40 * time.Millisecond, Jitter: 5 * time.Millisecond, Loss: 0.01}
+	for _, c := range []struct {
+		i              int
+		pop, from, to  string
+		listen, target string
+	}{
+		{0, "us-east", "us", "eu", "10.214.1.1:14222", "10.213.2.10:4222"},
+		{2, "us-east", "us", "eu", "10.214.1.1:14224", "10.213.2.12:4222"},
+		{3, "us-west", "us", "eu", "10.214.1.1:14225", "10.213.2.10:4222"},
+		{6, "eu-west", "eu", "us", "10.214.2.1:14222", "10.213.1.10:4222"},
+		{11, "eu-central", "eu", "us", "10.214.2.1:14227", "10.213.1.12:4222"},
+	} {
+		d := p.Direct[c.i]
+		if d.PoP != c.pop || d.From != c.from || d.To != c.to || d.Listen != c.listen || d.Target != c.target || d.Link != us2eu {
+			t.Errorf("direct relay %d: %+v, want %s of %s on %s to %s (%s) with %+v", c.i, d, c.pop, c.from, c.listen, c.target, c.to, us2eu)
+		}
+	}
+	listens := map[string]bool{}
+	for _, d := range p.Direct {
+		if listens[d.Listen] {
+			t.Errorf("two relays listen on %s: each PoP's direct connection must be a stream of its own", d.Listen)
+		}
+		listens[d.Listen] = true
+	}
+	for _, l := range p.Links {
+		if listens[l.Listen] {
+			t.Errorf("a direct relay listens on leaf relay %s", l.Listen)
+		}
+	}
+	if got, want := p.DirectFlag("eu-central"), "us=nats://10.214.2.1:14225,nats://10.214.2.1:14226,nats://10.214.2.1:14227"; got != want {
+		t.Errorf("eu-central's --nats-direct %q, want %q", got, want)
 	}
 }
 

@@ -28,6 +28,10 @@ type Plan struct {
 	// Links are the relays between every leaf region's servers and the
 	// hub's, one per (leaf region, hub server).
 	Links []LinkPlan
+	// Direct are the relays of the PoPs' direct paths when the scenario
+	// has them (Scenario.Direct, `edgelimit pop --nats-direct`): one per
+	// (PoP, server of another region), nil without.
+	Direct []DirectPlan
 	// Loads are the `edgelimit load` runs that make the scenario's traffic.
 	Loads []LoadPlan
 	// Topology is every PoP's --topology.
@@ -57,6 +61,24 @@ type LinkPlan struct {
 	Region string // the leaf region
 	Listen string // host:port on Region's wan address
 	Target string // host:port of a hub server's leaf listener
+	Link   faultnet.Link
+}
+
+// DirectPlan is a relay of one PoP's direct path: listening on its region's
+// wan address, relaying to one server of another region at its client port,
+// with the scenario's link between the two regions. Every PoP has relays of
+// its own, so its direct connection to a region is a TCP stream of its own,
+// beside the leaf link and the other PoPs', that loses and stalls on its own
+// as the simulator's direct path does (simulate's directFree: one per PoP
+// and region). One per server, not per region, so that the PoP's NATS client
+// can move to another server of the region when one stops, as it would
+// without the lab in between.
+type DirectPlan struct {
+	PoP    string // the PoP that dials it
+	From   string // the PoP's region: Listen is on its wan address
+	To     string // the region of the server Target is
+	Listen string // host:port on From's wan address
+	Target string // host:port of To's server's client listener
 	Link   faultnet.Link
 }
 
@@ -93,6 +115,14 @@ const (
 	natsClientPort = 4222
 	natsLeafPort   = 7422
 	popPort        = 8080
+)
+
+// The direct paths' relays listen on their PoP's region's wan address from
+// directPortFirst up, below Linux's ephemeral ports (32768 on), so that no
+// relay's outgoing connection takes a port one of them needs.
+const (
+	directPortFirst = 14222
+	directPortLast  = 32767
 )
 
 // ErrUnsupported is wrapped by NewPlan for a scenario the lab cannot run.
@@ -138,6 +168,7 @@ func NewPlan(sc simulate.Scenario) (Plan, error) {
 	}
 	p.Topology = strings.Join(topo, ";")
 	hub := p.Regions[0]
+	var err error
 	for _, r := range p.Regions[1:] {
 		l, err := link(sc, r.Name, hub.Name)
 		if err != nil {
@@ -150,6 +181,11 @@ func NewPlan(sc simulate.Scenario) (Plan, error) {
 				Target: fmt.Sprintf("%s:%d", s.IP, natsLeafPort),
 				Link:   l,
 			})
+		}
+	}
+	if sc.Direct {
+		if p.Direct, err = directRelays(sc, p.Regions); err != nil {
+			return Plan{}, err
 		}
 	}
 	for i, s := range sc.Sources {
@@ -181,6 +217,60 @@ func NewPlan(sc simulate.Scenario) (Plan, error) {
 		}
 	}
 	return p, nil
+}
+
+// directRelays lays out the relays of every PoP's direct paths: for each
+// PoP and each server of every other region, one on the PoP's region's wan
+// address, ports numbered from directPortFirst per wan address.
+func directRelays(sc simulate.Scenario, regions []RegionPlan) ([]DirectPlan, error) {
+	var out []DirectPlan
+	for _, from := range regions {
+		port := directPortFirst
+		for _, h := range from.PoPs {
+			for _, to := range regions {
+				if to.Name == from.Name {
+					continue
+				}
+				l, err := link(sc, from.Name, to.Name)
+				if err != nil {
+					return nil, err
+				}
+				for _, s := range to.NATS {
+					if port > directPortLast {
+						return nil, fmt.Errorf("%w: direct: region %s needs more relays than ports %d–%d", ErrUnsupported, from.Name, directPortFirst, directPortLast)
+					}
+					out = append(out, DirectPlan{PoP: h.Name, From: from.Name, To: to.Name,
+						Listen: fmt.Sprintf("%s:%d", wanIP(from.Index, false), port),
+						Target: fmt.Sprintf("%s:%d", s.IP, natsClientPort),
+						Link:   l})
+					port++
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// DirectFlag returns PoP pop's --nats-direct: every other region with the
+// relays that lead to its servers, "region=nats://relay,…;region=…" in the
+// plan's order of regions; "" when the plan has no direct paths. The URLs
+// are plain nats://, as those of the PoP's own region's servers:
+// deploy/nats's client port has no TLS (only the leaf links between sites
+// do), and a PoP's direct connections take --nats's credentials and TLS.
+func (p Plan) DirectFlag(pop string) string {
+	var parts []string
+	for _, r := range p.Regions {
+		var urls []string
+		for _, d := range p.Direct {
+			if d.PoP == pop && d.To == r.Name {
+				urls = append(urls, "nats://"+d.Listen)
+			}
+		}
+		if len(urls) > 0 {
+			parts = append(parts, r.Name+"="+strings.Join(urls, ","))
+		}
+	}
+	return strings.Join(parts, ";")
 }
 
 // link returns the scenario's link between regions a and b as a relay

@@ -17,6 +17,7 @@ type Report struct {
 	Window         time.Duration // the limit's unit
 	Duration       time.Duration
 	PoPs, Regions  int
+	Direct         bool      // the PoPs had direct paths (--nats-direct), the simulator too
 	Start          time.Time // t = 0 of the scenario
 	Windows        []Window
 	Offered        int64
@@ -26,11 +27,17 @@ type Report struct {
 	WorstExcessPct float64 // the most over the limit in one fixed window, % of the limit
 	BitP50, BitP99 time.Duration
 	BitsReceived   int64
-	Partitions     []PartitionResult
-	Faults         []FaultResult
-	Alert          *AlertResult  // nil: no alert phase
-	Dashboard      []QueryResult // the Grafana dashboard's queries on the lab's Prometheus
-	Wall           time.Duration // the whole run, setup and teardown included
+	// HotBatches and DirectBatches are, over every PoP, the batches of hot
+	// slots published for other regions' direct paths and the other
+	// regions' batches taken straight off their subjects (on the direct
+	// path, and while a stream source was stalled) — the direct path at
+	// work, or (without it) only the stall path.
+	HotBatches, DirectBatches int64
+	Partitions                []PartitionResult
+	Faults                    []FaultResult
+	Alert                     *AlertResult  // nil: no alert phase
+	Dashboard                 []QueryResult // the Grafana dashboard's queries on the lab's Prometheus
+	Wall                      time.Duration // the whole run, setup and teardown included
 }
 
 // Window is one fixed window of the limit (Unix-epoch aligned), from Start
@@ -93,8 +100,12 @@ func fmtDur(d time.Duration) string {
 // beside sim's edgelimit row for the same scenario (nil sim: none).
 func (r Report) WriteTable(w io.Writer, sim *simulate.Report) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "lab %s  seed %d  %d PoPs in %d regions  limit %d per %v (global)  traffic %v from %s\n\n",
-		r.Scenario, r.Seed, r.PoPs, r.Regions, r.Limit, r.Window, r.Duration, r.Start.UTC().Format(time.RFC3339))
+	direct := ""
+	if r.Direct {
+		direct = "  direct paths"
+	}
+	fmt.Fprintf(&b, "lab %s  seed %d  %d PoPs in %d regions%s  limit %d per %v (global)  traffic %v from %s\n\n",
+		r.Scenario, r.Seed, r.PoPs, r.Regions, direct, r.Limit, r.Window, r.Duration, r.Start.UTC().Format(time.RFC3339))
 	fmt.Fprintf(&b, "%8s %9s %9s %8s\n", "window", "offered", "admitted", "excess%")
 	for _, win := range r.Windows {
 		mark := ""
@@ -132,6 +143,7 @@ func (r Report) WriteTable(w io.Writer, sim *simulate.Report) error {
 		return fmt.Sprintf("%s/%s", fmtDur(x.MitigationDelay.P50), fmtDur(x.MitigationDelay.P99))
 	}), fmt.Sprintf("%s/%s", fmtDur(r.BitP50), fmtDur(r.BitP99)))
 	row("bits received (all PoPs)", s(func(x *simulate.Result) string { return fmt.Sprint(x.MitigationDelay.N) }), fmt.Sprint(r.BitsReceived))
+	row("hot / direct batches (all PoPs)", "-", fmt.Sprintf("%d/%d", r.HotBatches, r.DirectBatches))
 	for _, p := range r.Partitions {
 		row(fmt.Sprintf("cut %s %v–%v: share reduced after", p.Region, p.Cut, p.Heal), "-", fmtDur(p.Reduced))
 		row("  convergence after the heal", s(func(x *simulate.Result) string {

@@ -35,7 +35,7 @@ func (l *lab) runScenario(ctx context.Context) (Report, error) {
 	}
 	t0 := time.Now().Truncate(time.Second).Add(2 * time.Second)
 	rep := Report{Scenario: sc.Name, Seed: sc.Seed, Limit: sc.Limit.RequestsPerUnit, Window: unit.Duration(),
-		Duration: sc.Duration, PoPs: len(l.pops()), Regions: len(l.plan.Regions), Start: t0}
+		Duration: sc.Duration, PoPs: len(l.pops()), Regions: len(l.plan.Regions), Direct: sc.Direct, Start: t0}
 	l.logf("scenario %s from %s: %v of traffic, %d loads, %d partitions",
 		sc.Name, t0.UTC().Format("15:04:05"), sc.Duration, len(l.plan.Loads), len(sc.Partitions))
 
@@ -138,6 +138,8 @@ func (l *lab) runScenario(ctx context.Context) (Report, error) {
 			}
 		}
 		rep.BitsReceived += int64(max(m.get("edgelimit_mitigation_bits_received_total"), 0))
+		rep.HotBatches += int64(max(m.get("edgelimit_replication_hot_batches_total"), 0))
+		rep.DirectBatches += int64(max(m.get("edgelimit_replication_direct_batches_total"), 0))
 	}
 	return rep, nil
 }

@@ -2,7 +2,7 @@
 // namespaces (package deploy/lab) and prints what it measured beside what
 // the simulator predicts for the same scenario. It needs root.
 //
-//	go run ./deploy/lab/cmd/lab [-scenario simulate/scenarios/partition.yaml] [-pops-per-region N] [-duration D]
+//	go run ./deploy/lab/cmd/lab [-scenario simulate/scenarios/partition.yaml] [-pops-per-region N] [-duration D] [-direct]
 package main
 
 import (
@@ -27,8 +27,10 @@ Runs an edgelimit sim scenario on real sites: every NATS server (3 per
 region, from deploy/nats) and every PoP (from deploy/systemd/pop.yaml) a
 host in its own network namespace, the links between regions delayed,
 jittered and lossy as the scenario says, its partitions made by taking a
-region's link down. Traffic comes from edgelimit load inside the PoPs'
-namespaces. Then, with -faults, a PoP is killed with kill -9 and restarted,
+region's link down. With -direct (or the scenario's direct: true) every PoP
+also runs --nats-direct to the other regions' servers, each connection
+through a relay of its own with the scenario's link. Traffic comes from
+edgelimit load inside the PoPs' namespaces. Then, with -faults, a PoP is killed with kill -9 and restarted,
 and a hub NATS server stopped. Everything is torn down at the end, on error
 and on Ctrl-C. The report sets the measured windows and figures beside
 edgelimit sim's for the same scenario (written to DIR/scenario.yaml).
@@ -44,15 +46,24 @@ func main() {
 	dir := flag.String("dir", "", "directory for configs, data and logs (default: a new one under the system's temp dir)")
 	prom := flag.String("prometheus", "", "prometheus `binary`: scrape the PoPs with deploy/prometheus's files, evaluate the Grafana dashboard's queries, and cut a region until the partition alert fires and resolves (about 2 minutes more)")
 	teardown := flag.Bool("teardown", false, "only remove what an earlier run left behind, and exit")
+	direct := flag.Bool("direct", false, "give every PoP direct paths to the other regions' NATS servers (--nats-direct), each through relays of its own\nwith the scenario's links, and simulate them (--direct); -direct=false turns off a scenario's direct: true (default: the scenario's direct)")
 	flag.Usage = func() { fmt.Fprint(os.Stderr, usage); flag.PrintDefaults() }
 	flag.Parse()
-	if err := run(*scenario, *perRegion, *duration, *faults, *prom, *dir, *teardown); err != nil {
+	// -direct, when given, overrides the scenario's field either way.
+	var forceDirect *bool
+	flag.Visit(func(f *flag.Flag) {
+		if f.Name == "direct" {
+			forceDirect = direct
+		}
+	})
+	if err := run(*scenario, *perRegion, *duration, forceDirect, *faults, *prom, *dir, *teardown); err != nil {
 		fmt.Fprintln(os.Stderr, "lab:", err)
 		os.Exit(1)
 	}
 }
 
-func run(scenario string, perRegion int, duration time.Duration, faults bool, prom, dir string, teardownOnly bool) error {
+// run runs the lab; direct, when not nil, sets the scenario's Direct.
+func run(scenario string, perRegion int, duration time.Duration, direct *bool, faults bool, prom, dir string, teardownOnly bool) error {
 	if teardownOnly {
 		return lab.Teardown()
 	}
@@ -71,6 +82,9 @@ func run(scenario string, perRegion int, duration time.Duration, faults bool, pr
 		return err
 	}
 	sc = lab.Shrink(sc, perRegion, duration)
+	if direct != nil {
+		sc.Direct = *direct
+	}
 	// The simulator runs the network the lab builds: through the hub.
 	if sc, err = lab.HubRouted(sc); err != nil {
 		return err
