@@ -68,6 +68,20 @@ func (t Topology) Peers(pop string) []string {
 	return out
 }
 
+// Others returns every PoP of the topology but pop, sorted.
+func (t Topology) Others(pop string) []string {
+	var out []string
+	for _, pops := range t.Regions {
+		for _, p := range pops {
+			if p != pop {
+				out = append(out, p)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // Names returns the region names, sorted.
 func (t Topology) Names() []string {
 	out := make([]string, 0, len(t.Regions))

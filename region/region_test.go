@@ -21,6 +21,9 @@ func TestParse(t *testing.T) {
 	if got := top.Peers("eu-1"); !slices.Equal(got, []string{"eu-2"}) {
 		t.Fatalf("peers of eu-1: %v", got)
 	}
+	if got := top.Others("eu-1"); !slices.Equal(got, []string{"eu-2", "us-1"}) {
+		t.Fatalf("others of eu-1: %v", got)
+	}
 	for _, bad := range []struct{ in, want string }{
 		{"eu=a;us=a", `PoP "a" is in both eu and us`},
 		{"a,b", "want region=pop"},

@@ -459,7 +459,7 @@ func runStrategy(sc *Scenario, top *topology, arrivals *reader, keys []string, t
 		switch st {
 		case Edgelimit, AsyncSync:
 			r.engines[i], r.stores[i], err = newEngine(spec.Limit, rules.ScopeGlobal,
-				store.MemoryConfig{Replica: top.pops[i], RegionPeers: top.peers[i], Extrapolate: st == Edgelimit})
+				store.MemoryConfig{Replica: top.pops[i], RegionPeers: top.peers[i], Replicas: top.pops, Extrapolate: st == Edgelimit})
 			if st == Edgelimit && err == nil {
 				if r.mits == nil {
 					r.mits = make([]*pop.Mitigations, n)

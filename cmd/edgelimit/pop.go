@@ -174,7 +174,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	}
 	cfg.Durable = dur.hook
 	if repl.pop != "" {
-		cfg.Replica, cfg.RegionPeers = repl.pop, topo.Peers(repl.pop)
+		cfg.Replica, cfg.RegionPeers, cfg.Replicas = repl.pop, topo.Peers(repl.pop), topo.Others(repl.pop)
 		cfg.Replicate = repl.replicator(topo, dur, log)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -84,9 +84,11 @@ type Config struct {
 	SweepInterval time.Duration
 	// Replica names this PoP as a CRDT replica and RegionPeers the other PoPs
 	// of its region: with them, limits with scope region or global count
-	// across PoPs (store.MemoryConfig, store.RedisConfig).
+	// across PoPs (store.MemoryConfig, store.RedisConfig). Replicas are the
+	// other PoPs of every region, whose news the estimate waits for.
 	Replica     string
 	RegionPeers []string
+	Replicas    []string
 	// Extrapolate makes the embedded store count the hits other PoPs have
 	// probably admitted since their last message (store.MemoryConfig).
 	Extrapolate bool
@@ -505,7 +507,7 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.
 	}
 	var rs *store.Redis
 	if embedded {
-		memCfg.Replica, memCfg.RegionPeers, memCfg.Extrapolate = cfg.Replica, cfg.RegionPeers, cfg.Extrapolate
+		memCfg.Replica, memCfg.RegionPeers, memCfg.Replicas, memCfg.Extrapolate = cfg.Replica, cfg.RegionPeers, cfg.Replicas, cfg.Extrapolate
 		memCfg.EstimateMiss = estimateMiss
 	} else {
 		clock, err := store.ParseClockSource(cfg.RedisClock)
@@ -514,7 +516,7 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.
 		}
 		rs, err = store.OpenRedis(store.RedisConfig{URL: cfg.Store, Password: cfg.RedisPassword, Timeout: cfg.RedisTimeout, ClockSource: clock,
 			BatchWindow: cfg.RedisBatchWindow, Pipelines: cfg.RedisPipelines, Replica: cfg.Replica, RegionPeers: cfg.RegionPeers,
-			Extrapolate: cfg.Extrapolate, EstimateMiss: estimateMiss})
+			Replicas: cfg.Replicas, Extrapolate: cfg.Extrapolate, EstimateMiss: estimateMiss})
 		if err != nil {
 			return nil, nil, nil, nil, nil, fmt.Errorf("store: %w", err)
 		}

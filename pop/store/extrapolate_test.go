@@ -681,3 +681,42 @@ func TestHeldReplica(t *testing.T) {
 		t.Errorf("no replica told of the key, c silent 150 ms: Unheard = %v, want 0", got)
 	}
 }
+
+// TestNeverHeardReplica: c is a replica of the topology (MemoryConfig.
+// Replicas) that a has never heard from. From a's first apply on it is held
+// for heldFirst — its first news may be stalled — and counted as b, who
+// tells of the key, is; then no longer. A store not told of c counts only b.
+func TestNeverHeardReplica(t *testing.T) {
+	ms := int64(time.Millisecond)
+	it := perSecond(limit.SlidingWindow, 100, "never")
+	t0 := limit.WindowStart(limittest.T0.Add(30*time.Second).UnixNano(), it.Spec.Window)
+	unheard := func(replicas []string, at int64) (float64, float64) {
+		t.Helper()
+		s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true, Replicas: replicas})
+		var told float64
+		for sent := t0; sent+5*ms <= at; sent += 10 * ms { // b: news every 10 ms, 5 ms on the way
+			n := uint64(1 + (sent-t0)/(20*ms))
+			s.ApplyAt(sent+5*ms, sent, []crdt.Slot{{Key: string(it.Key), Window: t0, Replica: "b", Count: n}})
+			told = float64(n)
+			if (sent-t0)%(20*ms) == 0 && admit(t, s, sent+5*ms, it, 1) != 1 { // a: one hit each 20 ms
+				t.Fatalf("a's hit at %v denied", time.Duration(sent-t0))
+			}
+		}
+		s.rep.mu.Lock()
+		defer s.rep.mu.Unlock()
+		return s.rep.state(&it, at).Unheard, told
+	}
+	for _, at := range []int64{t0 + 306*ms, t0 + 706*ms} {
+		alone, told := unheard(nil, at)
+		if alone <= 0 {
+			t.Fatalf("at %v: Unheard without c = %v, want b's guess > 0", time.Duration(at-t0), alone)
+		}
+		want := alone // c's silence is past heldFirst: not counted
+		if at-t0 < int64(heldFirst) {
+			want = alone + told + alone
+		}
+		if got, _ := unheard([]string{"a", "b", "c"}, at); math.Abs(got-want) > 1e-9 {
+			t.Errorf("at %v, c never heard: Unheard = %v, want %v (b told %v, guessed %v)", time.Duration(at-t0), got, want, told, alone)
+		}
+	}
+}

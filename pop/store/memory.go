@@ -38,6 +38,10 @@ type MemoryConfig struct {
 	// RegionPeers are the other PoPs of this PoP's region, whose counts a
 	// region-scoped limit adds to its own.
 	RegionPeers []string
+	// Replicas are the other PoPs of the topology, every region's. A
+	// replica not heard from yet is taken, from the store's first check
+	// on, for one whose news is held up (see replicated.held).
+	Replicas []string
 	// Extrapolate makes a check of a region or global limit count, beside
 	// what it has heard, the hits other replicas have probably admitted
 	// since (limit.State.Unheard): each replica's recent rate times the age
@@ -118,7 +122,7 @@ func NewMemory(cfg MemoryConfig) *Memory {
 	case cfg.Primary != nil:
 		s.rep = cfg.Primary.est
 	case cfg.Replica != "":
-		s.rep = newReplicated(cfg.Replica, cfg.RegionPeers, cfg.Extrapolate)
+		s.rep = newReplicated(cfg.Replica, cfg.RegionPeers, cfg.Replicas, cfg.Extrapolate)
 		if cfg.Extrapolate {
 			s.onMiss = cfg.EstimateMiss
 		}

@@ -125,6 +125,9 @@ type RedisConfig struct {
 	// RegionPeers are the other PoPs of this PoP's region, whose counts a
 	// region-scoped limit adds to its own.
 	RegionPeers []string
+	// Replicas are the other PoPs of the topology: MemoryConfig.Replicas,
+	// for this server's estimate.
+	Replicas []string
 	// Extrapolate, with Replica, makes a check of a region or global
 	// window limit count, beside what Redis holds, the hits other PoPs
 	// have probably admitted since their last news: the same guess as

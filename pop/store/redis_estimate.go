@@ -39,7 +39,7 @@ func newRedisEstimate(cfg RedisConfig) *replicated {
 	if cfg.Replica == "" {
 		return nil
 	}
-	return newReplicated(cfg.Replica, cfg.RegionPeers, cfg.Extrapolate)
+	return newReplicated(cfg.Replica, cfg.RegionPeers, cfg.Replicas, cfg.Extrapolate)
 }
 
 // estimates appends to sts, for each item of a check at now, the state the
