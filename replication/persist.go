@@ -50,6 +50,13 @@ func (p *Persisted) Urgent() <-chan struct{} {
 	return nil
 }
 
+// Beacon passes a presence beacon on to the wrapped counts (BeaconCounts).
+func (p *Persisted) Beacon(pop string) {
+	if b, ok := p.Counts.(BeaconCounts); ok {
+		b.Beacon(pop)
+	}
+}
+
 // Hot passes on the wrapped counts' hot slots (HotCounts); none when they
 // tell none.
 func (p *Persisted) Hot(slots []crdt.Slot) []crdt.Slot {

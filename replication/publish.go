@@ -115,6 +115,12 @@ func (r *Replicator) apply(rd core.Ready) {
 		r.droppedBits[why].Add(uint64(n))
 	}
 	for _, a := range rd.Apply {
+		if a.Kind == core.Hello {
+			if b, ok := r.cfg.Counts.(BeaconCounts); ok {
+				b.Beacon(a.POP)
+			}
+			continue
+		}
 		if len(a.Slots) > 0 {
 			r.cfg.Counts.Apply(a.Sent, a.Slots)
 		}

@@ -159,6 +159,13 @@ type HotCounts interface {
 	Hot(slots []crdt.Slot) []crdt.Slot
 }
 
+// BeaconCounts is a Counts that hears of other PoPs' presence beacons: a
+// beacon that arrives after a PoP's latest delta says its link is not held
+// up, and its silence is quiet, not a stall (store.Memory.Beacon).
+type BeaconCounts interface {
+	Beacon(pop string)
+}
+
 // UrgentNotifier is a Counts that says when a key nears its limit: the
 // Replicator then flushes the delta at once, at most once per BitsInterval.
 type UrgentNotifier = core.UrgentNotifier

@@ -663,6 +663,10 @@ func (r *run) ready(p int) {
 			r.publish(p, m)
 		}
 		for _, a := range rd.Apply {
+			if a.Kind == core.Hello {
+				r.stores[p].BeaconAt(r.clock(p), a.POP)
+				continue
+			}
 			if len(a.Slots) > 0 {
 				r.stores[p].ApplyAt(r.clock(p), a.Sent, a.Slots)
 			}

@@ -657,3 +657,37 @@ sources: [{rate: 5000, spread: spray}]
 		t.Errorf("edgelimit's worst windows summed over the seeds: %d with a direct path, %d without: want under half", worstDirect, worst)
 	}
 }
+
+// TestQuietPoPsNotHeld: two PoPs share a key at 96% of its limit while the
+// two others' own clients come and go (on 300 ms, off 2 s). A PoP whose
+// traffic stopped is silent but not held up — its presence beacons keep
+// coming — so the key's PoPs must not count it as admitting the key
+// (store's held replicas): edgelimit admits about what one central store
+// does. Counting the quiet PoPs took 38% of the key's admissions away.
+func TestQuietPoPsNotHeld(t *testing.T) {
+	sc, err := ParseScenario([]byte(`
+seed: 5
+duration: 20s
+flush_interval: 100ms
+regions: [{name: us, pops: [us-1, us-2]}, {name: eu, pops: [eu-1, eu-2]}]
+latency: [{from: us, to: us, ms: 5, jitter_ms: 1}, {from: eu, to: eu, ms: 5, jitter_ms: 1}, {from: us, to: eu, ms: 40, jitter_ms: 5}]
+loss: 0.001
+limit: {requests_per_unit: 100, unit: second}
+sources:
+  - {name: k1, key: tenant, rate: 48, spread: anycast, pop: us-1}
+  - {name: k2, key: tenant, rate: 48, spread: anycast, pop: eu-1}
+  - {name: o2, key: other2, rate: 20, spread: anycast, pop: us-2, on: 300ms, off: 2s}
+  - {name: o4, key: other4, rate: 20, spread: anycast, pop: eu-2, on: 300ms, off: 2s}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, direct := range []bool{false, true} {
+		sc.Direct = direct
+		rep, out := table(t, sc)
+		el, central := rep.Results[Edgelimit], rep.Results[Centralized]
+		if 100*el.Admitted < 95*central.Admitted {
+			t.Errorf("direct %v: edgelimit admitted %d, one central store %d: the quiet PoPs took the key's room\n%s", direct, el.Admitted, central.Admitted, out)
+		}
+	}
+}

@@ -635,16 +635,21 @@ func TestWindowStep(t *testing.T) {
 // nothing; when c has been silent for 150 ms (its link stalled) it is
 // guessed at what b is counted at — b's sliding count plus the guess of
 // b; after 4 s of silence c is gone and guessed at nothing again. A key no
-// replica told of gets nothing for a held c either.
+// replica told of gets nothing for a held c either. And a c whose presence
+// beacons keep coming, every 500 ms, is quiet, not held; one whose beacons
+// stopped 900 ms ago is held.
 func TestHeldReplica(t *testing.T) {
 	ms := int64(time.Millisecond)
 	it := perSecond(limit.SlidingWindow, 200, "held")
 	other := perSecond(limit.SlidingWindow, 200, "other")
 	now := limit.WindowStart(limittest.T0.Add(30*time.Second).UnixNano(), it.Spec.Window) + 600*ms
 	start := limit.WindowStart(now, it.Spec.Window)
-	unheard := func(cLast int64, bTells bool) float64 {
+	unheard := func(cLast int64, bTells bool, beaconsUntil int64) float64 {
 		t.Helper()
 		s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+		for at := now - 3000*ms; beaconsUntil != 0 && at <= beaconsUntil; at += 500 * ms {
+			s.BeaconAt(at, "c")
+		}
 		for _, sent := range []int64{cLast - 10*ms, cLast} {
 			s.ApplyAt(sent+5*ms, sent, []crdt.Slot{{Key: string(other.Key), Window: limit.WindowStart(sent, it.Spec.Window), Replica: "c", Count: 1}})
 		}
@@ -665,20 +670,26 @@ func TestHeldReplica(t *testing.T) {
 		defer s.rep.mu.Unlock()
 		return s.rep.state(&it, now).Unheard
 	}
-	fresh := unheard(now-5*ms, true)
+	fresh := unheard(now-5*ms, true, 0)
 	if fresh <= 0 {
 		t.Fatalf("Unheard with c's news flowing = %v, want b's guess > 0", fresh)
 	}
 	bCount := 10 + 49/2 // what b last told, all in this window
 	want := fresh + float64(bCount) + fresh
-	if got := unheard(now-150*ms, true); math.Abs(got-want) > 1e-9 {
+	if got := unheard(now-150*ms, true, 0); math.Abs(got-want) > 1e-9 {
 		t.Errorf("c silent 150 ms: Unheard = %v, want %v (b's guess %v, plus b's %d and its guess for c)", got, want, fresh, bCount)
 	}
-	if got := unheard(now-4000*ms, true); math.Abs(got-fresh) > 1e-9 {
+	if got := unheard(now-4000*ms, true, 0); math.Abs(got-fresh) > 1e-9 {
 		t.Errorf("c silent 4 s: Unheard = %v, want %v (b's guess alone)", got, fresh)
 	}
-	if got := unheard(now-150*ms, false); got != 0 {
+	if got := unheard(now-150*ms, false, 0); got != 0 {
 		t.Errorf("no replica told of the key, c silent 150 ms: Unheard = %v, want 0", got)
+	}
+	if got := unheard(now-150*ms, true, now-100*ms); math.Abs(got-fresh) > 1e-9 {
+		t.Errorf("c silent 150 ms, its beacons coming: Unheard = %v, want %v (b's guess alone)", got, fresh)
+	}
+	if got := unheard(now-1000*ms, true, now-900*ms); math.Abs(got-want) > 1e-9 {
+		t.Errorf("c silent 1 s, its last beacon 900 ms ago: Unheard = %v, want %v", got, want)
 	}
 }
 

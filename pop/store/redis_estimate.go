@@ -127,6 +127,14 @@ func (s *Redis) estimateApply(now, sent int64, remote []crdt.Slot) {
 
 // Hot is Memory.Hot for a PoP on Redis: the keys its estimate remembers
 // admitting near their limit; nil without an estimate.
+// Beacon tells the estimate that a presence beacon of PoP pop arrived
+// (replication.BeaconCounts, Memory.Beacon).
+func (s *Redis) Beacon(pop string) {
+	if s.est != nil {
+		s.est.beaconAt(s.now(), pop)
+	}
+}
+
 func (s *Redis) Hot(slots []crdt.Slot) []crdt.Slot {
 	if s.est == nil {
 		return nil

@@ -163,3 +163,20 @@ func TestCountFloor(t *testing.T) {
 		t.Fatalf("%d lookups (want 2: the counts over the floor), rejected %v", lookups, rd.Rejected)
 	}
 }
+
+// TestBeaconApplied: a presence beacon of a PoP of the topology reaches the
+// driver as an Apply of kind Hello, with neither slots nor bits (for
+// replication.BeaconCounts); a forged one does not.
+func TestBeaconApplied(t *testing.T) {
+	rc := newCore(t, newCounts(), nil)
+	take(func() *Core { rc.Tick(t0); return rc }())
+	rc.Step(t0+1, Message{Kind: Hello, Region: "us", POP: "iad1", Seq: 1, Sent: t0})
+	rc.Step(t0+2, Message{Kind: Hello, Region: "us", POP: "par1", Seq: 1, Sent: t0})
+	rd := take(rc)
+	if len(rd.Apply) != 1 {
+		t.Fatalf("applies %+v, want one: iad1's beacon", rd.Apply)
+	}
+	if a := rd.Apply[0]; a.Kind != Hello || a.POP != "iad1" || a.Region != "us" || len(a.Slots) != 0 || len(a.Bits) != 0 {
+		t.Fatalf("apply %+v, want iad1's beacon without slots or bits", a)
+	}
+}

@@ -62,6 +62,9 @@ type Message struct {
 }
 
 // Apply is remote state for the driver to apply, from one received message.
+//
+// A presence beacon is applied too, with neither slots nor bits: the
+// driver tells Counts that implement BeaconCounts.
 type Apply struct {
 	// Kind, Region and POP are those of the message it came in.
 	Kind        Kind

@@ -36,6 +36,9 @@ func (c *Core) Step(now int64, m Message) {
 		c.reach.Heard(m.Region, now)
 		c.hearClock(now, m)
 		c.review(now)
+		// The counts hear of it too: a beacon says the sender's link was
+		// carrying news when it left (BeaconCounts).
+		c.rd.Apply = append(c.rd.Apply, Apply{Kind: Hello, Region: m.Region, POP: m.POP, Sent: m.Sent})
 	case Delta:
 		if slots := c.checkSlots(&m); len(slots) > 0 {
 			c.rd.Apply = append(c.rd.Apply, Apply{Kind: Delta, Region: m.Region, POP: m.POP, Sent: m.Sent, Slots: slots})
