@@ -404,23 +404,24 @@ func (c *replicaClock) held(now int64) bool {
 }
 
 // beaconed notes that a presence beacon of the replica was applied at now.
-// The usual gap follows a longer gap at once and a shorter one slowly: two
-// PoPs that meet answer each other's beacons at once, a few ms apart, and
-// taking that for their pace held every quiet replica between two beacons.
+// Gaps under beaconFloor are not the replica's pace: two PoPs that meet
+// answer each other's beacons at once, a few ms apart, and taking that for
+// their pace held every quiet replica between two beacons.
 func (c *replicaClock) beaconed(now int64) {
 	if c.beacon != 0 && now > c.beacon {
-		gap := float64(min(now-c.beacon, 10*maxClockGap))
-		if gap > c.beaconGap {
-			c.beaconGap = gap
-		} else {
-			c.beaconGap += (gap - c.beaconGap) / 8
+		if gap := float64(min(now-c.beacon, 10*maxClockGap)); gap >= beaconFloor {
+			if c.beaconGap == 0 {
+				c.beaconGap = gap
+			} else {
+				c.beaconGap += (gap - c.beaconGap) / 8
+			}
 		}
 	}
 	c.beacon = max(c.beacon, now)
 }
 
-// beaconFloor is the least usual gap between a replica's beacons held
-// assumes (the default beacon interval is 500 ms).
+// beaconFloor is the least gap between a replica's beacons held takes for
+// their pace (the default beacon interval is 500 ms).
 const beaconFloor = float64(250 * time.Millisecond)
 
 // Beacon tells the store that a presence beacon of PoP pop arrived now
