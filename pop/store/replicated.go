@@ -626,7 +626,9 @@ func (r *replicated) moveClock(now, d int64) {
 		}
 	}
 	for _, c := range r.clocks {
-		c.recv += d
+		if c.recv != 0 { // 0: not started (see start)
+			c.recv += d
+		}
 		if c.beacon != 0 {
 			c.beacon += d
 		}
