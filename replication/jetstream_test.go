@@ -45,6 +45,26 @@ type memCounts struct {
 	// hot, when set before the replicator starts, tells the keys near their
 	// limit (replication.HotCounts); none when nil.
 	hot func(key string) bool
+	// beacons counts the presence beacons heard, by PoP
+	// (replication.BeaconCounts).
+	beacons map[string]int
+}
+
+// Beacon counts a presence beacon of pop.
+func (c *memCounts) Beacon(pop string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.beacons == nil {
+		c.beacons = make(map[string]int)
+	}
+	c.beacons[pop]++
+}
+
+// beaconsOf returns how many beacons of pop c heard.
+func (c *memCounts) beaconsOf(pop string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.beacons[pop]
 }
 
 // Hot returns the slots whose keys c.hot names.
