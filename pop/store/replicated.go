@@ -103,6 +103,17 @@ func (r *replicated) clock(name string) *replicaClock {
 	return nil
 }
 
+// clockOf returns the clock of the named replica, creating it. Requires
+// r.mu held.
+func (r *replicated) clockOf(name string) *replicaClock {
+	c := r.clock(name)
+	if c == nil {
+		c = &replicaClock{name: strings.Clone(name)}
+		r.clocks = append(r.clocks, c)
+	}
+	return c
+}
+
 // heard records that a message the replica stamped at sent was applied at now.
 func (c *replicaClock) heard(now, sent int64) {
 	if sent <= c.sent {
@@ -207,9 +218,8 @@ func newReplicated(self string, regionPeers, replicas []string, extrapolate bool
 	r := &replicated{self: self, inRegion: crdt.OneOf(regionPeers...), units: make(map[int64]*unitCounts),
 		extrapolate: extrapolate}
 	for _, name := range replicas {
-		if name != self && r.clock(name) == nil {
-			// Not heard yet: held, from the first check on (see start).
-			r.clocks = append(r.clocks, &replicaClock{name: name})
+		if name != self {
+			r.clockOf(name) // not heard yet: held, from the first check on (see start)
 		}
 	}
 	return r
@@ -316,13 +326,14 @@ func (r *replicated) unheard(u *unitCounts, key string, ho, hr crdt.KeyHash, sta
 	u.remote.EachOf(hr, start, in, func(name string, n uint64) { find(name).cur = n })
 	u.remote.EachOf(hr, start-w, in, func(name string, n uint64) { find(name).prev = n })
 	rh := u.recent[key]
+	weight := prevWeight(now, start, w)
 	var mine float64 // this PoP's sliding count, when it admitted the key lately
 	if rh != nil {
-		mine = u.ownSliding(ho, start, w, prevWeight(now, start, w))
+		mine = u.ownSliding(ho, start, w, weight)
 	}
 	extra, told := 0.0, 0.0
 	for _, c := range reps {
-		told += float64(c.prev)*prevWeight(now, start, w) + float64(c.cur)
+		told += float64(c.prev)*weight + float64(c.cur)
 		if clk := r.clock(c.name); clk != nil {
 			extra += clk.guess(c.cur, c.prev, start, w, now, rh, mine)
 		}
@@ -444,12 +455,7 @@ func (r *replicated) beaconAt(now int64, pop string) {
 	if pop == r.self {
 		return
 	}
-	c := r.clock(pop)
-	if c == nil {
-		c = &replicaClock{name: strings.Clone(pop)}
-		r.clocks = append(r.clocks, c)
-	}
-	c.beaconed(now)
+	r.clockOf(pop).beaconed(now)
 }
 
 // heldMin and heldMax bound the silence held takes for a stall; heldFirst
@@ -908,12 +914,7 @@ func (r *replicated) applyLocked(now, sent int64, remote []crdt.Slot) {
 	for i := range remote {
 		if name := remote[i].Replica; name != last && name != r.self {
 			last = name
-			c := r.clock(name)
-			if c == nil {
-				c = &replicaClock{name: strings.Clone(name)}
-				r.clocks = append(r.clocks, c)
-			}
-			c.heard(now, sent)
+			r.clockOf(name).heard(now, sent)
 		}
 	}
 }
