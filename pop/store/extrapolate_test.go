@@ -693,6 +693,63 @@ func TestHeldReplica(t *testing.T) {
 	}
 }
 
+// TestHeldReplicaThatTold: b's news of a key flows, 10 ms apart; c told of
+// it too, two hits, and then fell silent for 400 ms. With c's presence
+// beacons still coming c is quiet, and guessed as any replica; with them
+// overdue (the last 1 s ago) c is held up, and counts at least at what b is
+// counted at: b's sliding count plus b's guess. A held c that told more
+// than b keeps its own count, and with no replica's news flowing there is
+// no one to go by.
+func TestHeldReplicaThatTold(t *testing.T) {
+	ms := int64(time.Millisecond)
+	it := perSecond(limit.SlidingWindow, 200, "held")
+	now := limit.WindowStart(limittest.T0.Add(30*time.Second).UnixNano(), it.Spec.Window) + 600*ms
+	start := limit.WindowStart(now, it.Spec.Window)
+	const bCount = 10 + 49/2 // what b last tells, all in this window
+	unheard := func(cCount uint64, withB bool, beaconsUntil int64) float64 {
+		t.Helper()
+		s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+		for at := now - 3000*ms; at <= beaconsUntil; at += 500 * ms {
+			s.BeaconAt(at, "c")
+		}
+		if cCount > 0 {
+			for i, sent := range []int64{now - 410*ms, now - 400*ms} {
+				s.ApplyAt(sent+5*ms, sent, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "c", Count: cCount - 1 + uint64(i)}})
+			}
+		}
+		for i := int64(0); withB && i < 50; i++ { // 500 ms of news, 10 ms apart, 5 ms on the way
+			sent := now - 505*ms + i*10*ms
+			s.ApplyAt(sent+5*ms, sent, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: uint64(10 + i/2)}})
+		}
+		for i := int64(0); i < 40; i++ { // a: 40 hits over the last 400 ms
+			if admit(t, s, now-400*ms+i*10*ms, it, 1) != 1 {
+				t.Fatalf("a's hit %d denied", i)
+			}
+		}
+		s.rep.mu.Lock()
+		defer s.rep.mu.Unlock()
+		return s.rep.state(&it, now).Unheard
+	}
+	guessB := unheard(0, true, now)
+	quiet := unheard(2, true, now)
+	if guessB <= 0 || quiet < guessB {
+		t.Fatalf("Unheard of b alone %v, with a quiet c %v: want b's guess > 0 and c's ≥ 0", guessB, quiet)
+	}
+	guessC := quiet - guessB
+	want := quiet + (bCount + guessB) - (2 + guessC)
+	if got := unheard(2, true, now-1000*ms); math.Abs(got-want) > 1e-9 {
+		t.Errorf("c held: Unheard = %v, want %v (c at b's count %d plus b's guess %v, not its own 2 plus %v)", got, want, bCount, guessB, guessC)
+	}
+	heavy := unheard(60, true, now)
+	if got := unheard(60, true, now-1000*ms); math.Abs(got-heavy) > 1e-9 {
+		t.Errorf("c held, having told 60 hits: Unheard = %v, want %v (its own guess)", got, heavy)
+	}
+	alone := unheard(2, false, now)
+	if got := unheard(2, false, now-1000*ms); math.Abs(got-alone) > 1e-9 {
+		t.Errorf("c held, no other news: Unheard = %v, want %v (its own guess)", got, alone)
+	}
+}
+
 // TestNeverHeardReplica: c is a replica of the topology (MemoryConfig.
 // Replicas) that a has never heard from. From a's first apply on it is held
 // for heldFirst — its first news may be stalled — and counted as b, who
