@@ -222,6 +222,7 @@ type Redis struct {
 
 	offset atomic.Int64 // server clock − local clock, ns (ClockRedis)
 	synced atomic.Bool  // offset has been measured at least once
+	agreed atomic.Int64 // the PoPs' clock agreement's correction, ns (SetClockOffset)
 
 	reqs sync.Pool // *request
 

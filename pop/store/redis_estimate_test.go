@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -89,6 +90,70 @@ func TestRedisEstimateParity(t *testing.T) {
 		t.Fatalf("estimate misses: embedded %v, Redis %v: want the same, and some", memMiss, redMiss)
 	}
 	t.Logf("%d denials on the guess alone; %d decisions differ from a store without it; misses %v", onGuess, differs, redMiss)
+}
+
+// TestRedisClockStepParity: the PoPs' clock agreement steps the clock a PoP
+// decides on by 150 ms (pop.Engine.SetClockOffset and the store's) while b's
+// news of a key near its limit keeps coming, stamped on the agreed clock.
+// The Redis store, told of the step by SetClockOffset, must decide every
+// check as the embedded store told of it at the same instant does: it
+// applies news at the agreed clock, as the checks are made, and moves its
+// estimate's clock by the step. Left on the wall clock it would take b's
+// news for 150 ms older than it is, or with its step untold keep a's own
+// admissions on the old clock: it guesses otherwise (Unheard compared).
+func TestRedisClockStepParity(t *testing.T) {
+	srv := redistest.Start(t)
+	ms := int64(time.Millisecond)
+	it := perSecond(limit.SlidingWindow, 120, "step")
+	t0 := limittest.T0.Add(10 * time.Second).UnixNano() // a window starts here
+	const step = 150 * time.Millisecond
+	wall := new(replClock)
+	mem := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+	red := openTestRedis(t, dbURL(srv, 1), RedisConfig{ClockSource: ClockLocal, Clock: wall.Load, Replica: "a", Extrapolate: true})
+	var offset int64
+	ctx := context.Background()
+	var onGuess, guessed int
+	for w := t0; w < t0+900*ms; w += 5 * ms {
+		wall.at(w)
+		if w == t0+300*ms {
+			offset = int64(step)
+			mem.MoveClock(w+offset, offset)
+			red.SetClockOffset(step)
+		}
+		now := w + offset // the clock checks are made on
+		if (w-t0)%(20*ms) == 0 {
+			// b's news, 50 ms on the way: 300 hits a second.
+			sent := now - 50*ms
+			slot := []crdt.Slot{{Key: string(it.Key), Window: limit.WindowStart(sent, it.Spec.Window), Replica: "b",
+				Count: uint64(max(sent-t0, 0) * 80 / int64(time.Second))}}
+			mem.ApplyAt(now, sent, slot)
+			red.Apply(sent, slot)
+		}
+		mem.rep.mu.Lock()
+		mu := mem.rep.state(&it, now).Unheard
+		mem.rep.mu.Unlock()
+		if ru := red.estimates(red.DecisionTime(now), []limit.Item{it}, nil)[0].Unheard; math.Abs(mu-ru) > 1e-9 {
+			t.Fatalf("at +%v (wall): Unheard %v embedded, %v Redis", time.Duration(w-t0), mu, ru)
+		} else if w > t0+300*ms && mu > 0 {
+			guessed++
+		}
+		var m, r [1]limit.Decision
+		if err := mem.CheckAt(ctx, now, 1, []limit.Item{it}, m[:]); err != nil {
+			t.Fatal(err)
+		}
+		if err := red.CheckAt(ctx, now, 1, []limit.Item{it}, r[:]); err != nil {
+			t.Fatal(err)
+		}
+		if m != r {
+			t.Fatalf("at +%v (wall): embedded %+v, Redis %+v", time.Duration(w-t0), m[0], r[0])
+		}
+		if !r[0].Allowed && r[0].RetryAfter == 1 {
+			onGuess++
+		}
+	}
+	if onGuess == 0 || guessed == 0 {
+		t.Fatalf("%d checks after the step guessed, %d denied on the guess alone: the timeline does not reach the guess", guessed, onGuess)
+	}
 }
 
 // TestShrunkParity: a global limit cut to its share (limit.Item.Shrunk)

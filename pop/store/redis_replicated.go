@@ -150,13 +150,26 @@ func appendRemoteKey(b, key []byte, widx int64) []byte {
 	return append(b, key...)
 }
 
-// now is the store's current time on the clock windows are cut by.
+// now is the store's current time on the clock windows are cut by: the
+// clock checks decide on (the caller's, corrected by the PoPs' clock
+// agreement, SetClockOffset), shifted as CheckAt shifts it.
 func (s *Redis) now() int64 {
-	now := s.cfg.Clock()
+	now := s.cfg.Clock() + s.agreed.Load()
 	if s.cfg.ClockSource == ClockRedis {
 		now += s.offset.Load()
 	}
 	return now
+}
+
+// SetClockOffset is Memory.SetClockOffset for a PoP on Redis: the engine
+// now decides on the wall clock plus d (pop.Engine.SetClockOffset), and so
+// the store takes that clock too as the time it applies the other PoPs'
+// news and beacons — else the estimate's ages of their news would be off
+// by d — and moves its estimate's clock by the step (replicated.moveClock).
+func (s *Redis) SetClockOffset(d time.Duration) {
+	if old := s.agreed.Swap(int64(d)); old != int64(d) && s.est != nil {
+		s.est.moveClock(s.now(), int64(d)-old)
+	}
 }
 
 // track records, after a successful check at now (CheckAt's now, shifted
