@@ -313,7 +313,6 @@ func (r *replicated) unheard(u *unitCounts, key string, ho, hr crdt.KeyHash, sta
 		name      string
 		cur, prev uint64
 		count     float64 // its sliding count plus what guess adds
-		held      bool    // see held
 	}
 	var buf [16]rc
 	reps := buf[:0]
@@ -335,6 +334,7 @@ func (r *replicated) unheard(u *unitCounts, key string, ho, hr crdt.KeyHash, sta
 		mine = u.ownSliding(ho, start, w, weight)
 	}
 	extra := 0.0
+	var held uint64 // bit i: reps[i] is held (see held); the first 64
 	for i := range reps {
 		c := &reps[i]
 		c.count = float64(c.prev)*weight + float64(c.cur)
@@ -342,10 +342,12 @@ func (r *replicated) unheard(u *unitCounts, key string, ho, hr crdt.KeyHash, sta
 			g := clk.guess(c.cur, c.prev, start, w, now, rh, mine)
 			extra += g
 			c.count += g
-			c.held = clk.held(now)
+			if rh != nil && i < 64 && clk.held(now) {
+				held |= 1 << i
+			}
 		}
 	}
-	if rh == nil || len(reps) == 0 {
+	if rh == nil || len(reps) == 0 || held == 0 && len(reps) >= len(r.clocks) {
 		return extra
 	}
 	// Replicas held up (see held) count as the ones whose news flows:
@@ -353,9 +355,9 @@ func (r *replicated) unheard(u *unitCounts, key string, ho, hr crdt.KeyHash, sta
 	// nothing at it.
 	var all, flowing float64
 	n := 0
-	for _, c := range reps {
+	for i, c := range reps {
 		all += c.count
-		if !c.held {
+		if held&(1<<i) == 0 {
 			flowing += c.count
 			n++
 		}
@@ -363,8 +365,8 @@ func (r *replicated) unheard(u *unitCounts, key string, ho, hr crdt.KeyHash, sta
 	mean := all / float64(len(reps))
 	if n > 0 && n < len(reps) {
 		mean = flowing / float64(n)
-		for _, c := range reps {
-			if c.held && c.count < mean {
+		for i, c := range reps {
+			if held&(1<<i) != 0 && c.count < mean {
 				extra += mean - c.count
 			}
 		}
@@ -449,6 +451,9 @@ func (c *replicaClock) held(now int64) bool {
 	if c.sent == 0 {
 		return silent > heldMin && silent < heldFirst
 	}
+	if silent <= max(2*c.gap, heldMin) || silent >= heldMax {
+		return false // news flows (the common case: tested first), or the replica is gone
+	}
 	if c.beaconGap > 0 {
 		if float64(now-c.beacon) < 1.5*max(c.beaconGap, beaconFloor) {
 			return false
@@ -456,7 +461,7 @@ func (c *replicaClock) held(now int64) bool {
 	} else if c.beacon > c.recv {
 		return false
 	}
-	return silent > max(2*c.gap, heldMin) && silent < heldMax
+	return true
 }
 
 // beaconed notes that a presence beacon of the replica was applied at now.
