@@ -608,13 +608,16 @@ func TestWireSize(t *testing.T) {
 
 // TestDirect: with a direct path (Scenario.Direct), a link held up behind a
 // lost message no longer holds edgelimit's news — at 1% loss its overshoot
-// falls, by a quarter in its mean excess and by a third in its worst
-// windows over the seeds — and the copies it carries are counted on the
-// wire; the baselines run as before. (Not in every seed's mean: where the
-// estimate follows a stall well without it, one seed's mean is as low
-// either way. The margins were a third and a half until held replicas that
-// told of the key counted at the others' mean: that took seed 2's worst
-// window without the direct path from 144 hits to 53, with it 52 → 38.)
+// falls, by a third in its worst windows over the seeds and less in its
+// mean excess — and the copies it carries are counted on the wire; the baselines
+// run as before. (Not in every seed's mean: where the estimate follows a
+// stall well without it, one seed's mean is as low either way.) The margins
+// were a third in the mean and a half in the worst windows while the guess
+// lost more to stalls: held replicas that told of the key counting at the
+// others' mean took seed 2's worst window without the direct path from 144
+// hits to 53 (52 → 38 with it), and a stalled replica's rate taken from its
+// count at its news summed mean excess 26.4 → 9.6 hits without, 18.3 → 7.3
+// with it.
 func TestDirect(t *testing.T) {
 	sc, err := ParseScenario([]byte(`
 seed: 3
@@ -653,8 +656,8 @@ sources: [{rate: 5000, spread: spray}]
 			worst, worstDirect = worst+r.WorstOvershoot, worstDirect+d.WorstOvershoot
 		}
 	}
-	if 4*meanDirect > 3*mean {
-		t.Errorf("edgelimit's mean excess summed over the seeds: %.1f hits a window with a direct path, %.1f without: want under three quarters", meanDirect, mean)
+	if meanDirect >= mean {
+		t.Errorf("edgelimit's mean excess summed over the seeds: %.1f hits a window with a direct path, %.1f without: want less", meanDirect, mean)
 	}
 	if 3*worstDirect > 2*worst {
 		t.Errorf("edgelimit's worst windows summed over the seeds: %d with a direct path, %d without: want under two thirds", worstDirect, worst)

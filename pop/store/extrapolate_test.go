@@ -222,7 +222,10 @@ func TestEstimateMiss(t *testing.T) {
 }
 
 // TestExtrapolationWindowRate: a replica that counted the key in the previous
-// window too is taken at its rate over a whole window, its sliding count.
+// window too is taken at its rate over a whole window: its sliding count as
+// it was when it sent its news, the previous window weighed as it was then,
+// not as it is now (the previous window has faded since by the age of the
+// news, and the hits that took its place are the ones not heard of yet).
 func TestExtrapolationWindowRate(t *testing.T) {
 	ms := int64(time.Millisecond)
 	it := replItem("r", 1000, limit.ScopeGlobal) // a minute window
@@ -239,9 +242,10 @@ func TestExtrapolationWindowRate(t *testing.T) {
 	s.rep.mu.Lock()
 	st := s.rep.state(&it, t0+50*ms)
 	s.rep.mu.Unlock()
-	// Sliding count at 30.05 s: 600 × (29.95/60) + 300 ≈ 599.5 over 60 s,
-	// about 10 a second, times 50 ms.
-	weight := float64(w-(t0+50*ms-start)) / float64(w)
+	// Sliding count when b sent its news, at 30 s: 600 × (30/60) + 300 =
+	// 600 over 60 s, 10 a second, times 50 ms. (Weighed at 30.05 s, as
+	// before: 599.5, a rate short by the news's age.)
+	weight := float64(w-(t0-start)) / float64(w)
 	want := (600*weight + 300) / float64(w) * float64(50*ms)
 	if d := st.Unheard - want; d > 1e-9 || d < -1e-9 {
 		t.Fatalf("Unheard = %v, want %v", st.Unheard, want)
