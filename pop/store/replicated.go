@@ -523,17 +523,6 @@ const (
 // (nil and 0 when it did not admit the key lately).
 func (c *replicaClock) guess(cur, prev uint64, start, w, now int64, rh *recentHits, mine float64) float64 {
 	theirs := float64(prev)*prevWeight(now, start, w) + float64(cur) // its sliding count, weighed now
-	// Its sliding count when it sent its news, the previous window weighed
-	// as it was then: the count its rate goes by. Weighed now, the previous
-	// window has faded by the age of the news while the hits that took its
-	// place are the ones not heard of yet, and the rate came out low by the
-	// age's part of the window (traced on anycast: the guess of a replica
-	// silent 180 ms behind a stall fell 20 hits, a fifth, short). The
-	// steady cap keeps the count weighed now (see steady).
-	stamped := theirs
-	if at := int64(float64(c.recv) - c.lag); at < now {
-		stamped = float64(prev)*min(1, prevWeight(at, start, w)) + float64(cur)
-	}
 	age := c.age(now, 0)
 	if mine > 0 {
 		plain, ok := c.mirror(rh, mine, theirs, now, age)
@@ -546,7 +535,7 @@ func (c *replicaClock) guess(cur, prev uint64, start, w, now int64, rh *recentHi
 		// (TestPoPsOnRedisReplicate, 5 runs of 6).
 		if reach := c.age(now, stallReach); reach > age {
 			if g, rok := c.mirror(rh, mine, theirs, now, reach); rok {
-				return min(g, max(c.byRate(cur, prev, start, w, now, stamped, reach), plain))
+				return min(g, max(c.byRate(cur, prev, start, w, now, c.stamped(cur, prev, start, w, now), reach), plain))
 			}
 		}
 		if ok {
@@ -556,7 +545,21 @@ func (c *replicaClock) guess(cur, prev uint64, start, w, now int64, rh *recentHi
 			return plain
 		}
 	}
-	return c.byRate(cur, prev, start, w, now, stamped, age)
+	return c.byRate(cur, prev, start, w, now, c.stamped(cur, prev, start, w, now), age)
+}
+
+// stamped is the replica's sliding count of a key, with counts cur and prev
+// in the windows that start at start and start−w, as it was when it sent
+// its news: the previous window weighed as it was then. That is the count
+// its rate goes by (byRate). Weighed at now, the previous window has faded
+// by the age of the news while the hits that took its place are the ones
+// not heard of yet, and the rate came out low by the age's part of the
+// window (traced on anycast: the guess of a replica silent 180 ms behind a
+// stall fell 20 hits, a fifth, short). The steady cap keeps the count
+// weighed now (see steady).
+func (c *replicaClock) stamped(cur, prev uint64, start, w, now int64) float64 {
+	at := min(int64(float64(c.recv)-c.lag), now)
+	return float64(prev)*min(1, prevWeight(at, start, w)) + float64(cur)
 }
 
 // steady reports whether this PoP admitted the key over the last age a at
