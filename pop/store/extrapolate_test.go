@@ -633,6 +633,21 @@ func TestWindowStep(t *testing.T) {
 	}
 }
 
+// unheardAfterHits admits 40 hits of it on s over the 400 ms before now, as
+// a PoP near its limit does, and returns the Unheard a check at now gets.
+func unheardAfterHits(t *testing.T, s *Memory, it limit.Item, now int64) float64 {
+	t.Helper()
+	ms := int64(time.Millisecond)
+	for i := int64(0); i < 40; i++ {
+		if admit(t, s, now-400*ms+i*10*ms, it, 1) != 1 {
+			t.Fatalf("a's hit %d denied", i)
+		}
+	}
+	s.rep.mu.Lock()
+	defer s.rep.mu.Unlock()
+	return s.rep.state(&it, now).Unheard
+}
+
 // TestHeldReplica: a admits a key near its limit that b tells it of; c's
 // news (of another key) came 10 ms apart, and c has told nothing of the
 // key. While c's news flows, c admitted none of it and is guessed at
@@ -665,14 +680,7 @@ func TestHeldReplica(t *testing.T) {
 				s.ApplyAt(sent+5*ms, sent, []crdt.Slot{{Key: string(other.Key), Window: start, Replica: "b", Count: uint64(1 + i)}})
 			}
 		}
-		for i := int64(0); i < 40; i++ { // a: 40 hits over the last 400 ms
-			if admit(t, s, now-400*ms+i*10*ms, it, 1) != 1 {
-				t.Fatalf("a's hit %d denied", i)
-			}
-		}
-		s.rep.mu.Lock()
-		defer s.rep.mu.Unlock()
-		return s.rep.state(&it, now).Unheard
+		return unheardAfterHits(t, s, it, now)
 	}
 	fresh := unheard(now-5*ms, true, 0)
 	if fresh <= 0 {
@@ -725,14 +733,7 @@ func TestHeldReplicaThatTold(t *testing.T) {
 			sent := now - 505*ms + i*10*ms
 			s.ApplyAt(sent+5*ms, sent, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: uint64(10 + i/2)}})
 		}
-		for i := int64(0); i < 40; i++ { // a: 40 hits over the last 400 ms
-			if admit(t, s, now-400*ms+i*10*ms, it, 1) != 1 {
-				t.Fatalf("a's hit %d denied", i)
-			}
-		}
-		s.rep.mu.Lock()
-		defer s.rep.mu.Unlock()
-		return s.rep.state(&it, now).Unheard
+		return unheardAfterHits(t, s, it, now)
 	}
 	guessB := unheard(0, true, now)
 	quiet := unheard(2, true, now)

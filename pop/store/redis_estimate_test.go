@@ -92,6 +92,23 @@ func TestRedisEstimateParity(t *testing.T) {
 	t.Logf("%d denials on the guess alone; %d decisions differ from a store without it; misses %v", onGuess, differs, redMiss)
 }
 
+// checkBoth checks one hit of it at now on the embedded store and on the
+// Redis store, fails t unless both decide alike, and returns the decision.
+func checkBoth(t *testing.T, mem *Memory, red *Redis, now int64, it limit.Item) limit.Decision {
+	t.Helper()
+	var m, r [1]limit.Decision
+	if err := mem.CheckAt(context.Background(), now, 1, []limit.Item{it}, m[:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := red.CheckAt(context.Background(), now, 1, []limit.Item{it}, r[:]); err != nil {
+		t.Fatal(err)
+	}
+	if m != r {
+		t.Fatalf("at %v: embedded %+v, Redis %+v", time.Unix(0, now).UTC().Format("15:04:05.000"), m[0], r[0])
+	}
+	return r[0]
+}
+
 // TestRedisClockStepParity: the PoPs' clock agreement steps the clock a PoP
 // decides on by 150 ms (pop.Engine.SetClockOffset and the store's) while b's
 // news of a key near its limit keeps coming, stamped on the agreed clock.
@@ -111,7 +128,6 @@ func TestRedisClockStepParity(t *testing.T) {
 	mem := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
 	red := openTestRedis(t, dbURL(srv, 1), RedisConfig{ClockSource: ClockLocal, Clock: wall.Load, Replica: "a", Extrapolate: true})
 	var offset int64
-	ctx := context.Background()
 	var onGuess, guessed int
 	for w := t0; w < t0+900*ms; w += 5 * ms {
 		wall.at(w)
@@ -137,17 +153,7 @@ func TestRedisClockStepParity(t *testing.T) {
 		} else if w > t0+300*ms && mu > 0 {
 			guessed++
 		}
-		var m, r [1]limit.Decision
-		if err := mem.CheckAt(ctx, now, 1, []limit.Item{it}, m[:]); err != nil {
-			t.Fatal(err)
-		}
-		if err := red.CheckAt(ctx, now, 1, []limit.Item{it}, r[:]); err != nil {
-			t.Fatal(err)
-		}
-		if m != r {
-			t.Fatalf("at +%v (wall): embedded %+v, Redis %+v", time.Duration(w-t0), m[0], r[0])
-		}
-		if !r[0].Allowed && r[0].RetryAfter == 1 {
+		if r := checkBoth(t, mem, red, now, it); !r.Allowed && r.RetryAfter == 1 {
 			onGuess++
 		}
 	}
@@ -174,21 +180,10 @@ func TestShrunkParity(t *testing.T) {
 	clock.at(t0)
 	mem.ApplyAt(t0, t0, prev)
 	red.Apply(t0, prev)
-	ctx := context.Background()
 	admitted := map[bool]int{}
 	for ms := int64(0); ms < 1000; ms += 10 {
 		now := clock.at(t0 + ms*int64(time.Millisecond))
-		var m, r [1]limit.Decision
-		if err := mem.CheckAt(ctx, now, 1, []limit.Item{it}, m[:]); err != nil {
-			t.Fatal(err)
-		}
-		if err := red.CheckAt(ctx, now, 1, []limit.Item{it}, r[:]); err != nil {
-			t.Fatal(err)
-		}
-		if m != r {
-			t.Fatalf("+%dms: embedded %+v, Redis %+v", ms, m[0], r[0])
-		}
-		if m[0].Allowed {
+		if checkBoth(t, mem, red, now, it).Allowed {
 			admitted[ms < 500]++
 		}
 	}
