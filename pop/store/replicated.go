@@ -571,8 +571,9 @@ func (c *replicaClock) stamped(cur, prev uint64, start, w, now int64) float64 {
 // guesses high (traced: about half again what their reports then showed).
 // So there guess takes the mirror no higher than steadyCap times the
 // replica's own rate — by its sliding count weighed now, not as it was at
-// its news (byRate's count elsewhere): steadyCap was measured so, and
-// taking the count at the news raised world's false denials by 4 points. Where the room opens — a window rolls, a burst ends,
+// its news (stamped, byRate's count elsewhere): steadyCap was measured so,
+// and the count at the news there raised world's false denials by 5–6
+// points (seeds 0–11). Where the room opens — a window rolls, a burst ends,
 // a cut heals — this PoP admits faster than its pace, and the mirror,
 // which follows the room at once where a rate lags a window behind, is
 // left alone (burst-minute: 22–27% worst with the cap always on).
