@@ -125,8 +125,6 @@ func (s *Redis) estimateApply(now, sent int64, remote []crdt.Slot) {
 	s.sweepEstimate(now)
 }
 
-// Hot is Memory.Hot for a PoP on Redis: the keys its estimate remembers
-// admitting near their limit; nil without an estimate.
 // Beacon tells the estimate that a presence beacon of PoP pop arrived
 // (replication.BeaconCounts, Memory.Beacon).
 func (s *Redis) Beacon(pop string) {
@@ -135,6 +133,8 @@ func (s *Redis) Beacon(pop string) {
 	}
 }
 
+// Hot is Memory.Hot for a PoP on Redis: the keys its estimate remembers
+// admitting near their limit; nil without an estimate.
 func (s *Redis) Hot(slots []crdt.Slot) []crdt.Slot {
 	if s.est == nil {
 		return nil

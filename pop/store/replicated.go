@@ -140,6 +140,10 @@ func (c *replicaClock) heard(now, sent int64) {
 	c.sent, c.recv = sent, now
 }
 
+// sentAt is when, on this PoP's clock, the replica sent the newest message
+// of it applied here: its arrival less the usual stamp-to-apply delay.
+func (c *replicaClock) sentAt() float64 { return float64(c.recv) - c.lag }
+
 // age is how old, at now, what the replica last told us probably is: the
 // stamp-to-apply delay plus the time since, but at most one usual gap and
 // reach more than that delay — past the gap, the replica would have sent
@@ -558,7 +562,7 @@ func (c *replicaClock) guess(cur, prev uint64, start, w, now int64, rh *recentHi
 // stall fell 20 hits, a fifth, short). The steady cap keeps the count
 // weighed now (see steady).
 func (c *replicaClock) stamped(cur, prev uint64, start, w, now int64) float64 {
-	at := min(int64(float64(c.recv)-c.lag), now)
+	at := min(int64(c.sentAt()), now)
 	return float64(prev)*min(1, prevWeight(at, start, w)) + float64(cur)
 }
 
@@ -603,7 +607,7 @@ func (c *replicaClock) mirror(rh *recentHits, mine, theirs float64, now int64, a
 // the part of this window before its news when it had none of the key in
 // the previous window, else its sliding count n over the window.
 func (c *replicaClock) byRate(cur, prev uint64, start, w, now int64, n, a float64) float64 {
-	if then := float64(c.recv) - c.lag - float64(start); prev == 0 && then > 0 {
+	if then := c.sentAt() - float64(start); prev == 0 && then > 0 {
 		// The replica had none of the key in the previous window: its rate
 		// is its count over the part of this window before its news, not
 		// over a whole window (which a key that just began, a sprayer's
