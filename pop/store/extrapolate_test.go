@@ -793,3 +793,66 @@ func TestNeverHeardReplica(t *testing.T) {
 		}
 	}
 }
+
+// TestMirrorEvidence: a client within its limit of 100 a minute, its
+// requests spread over PoPs a and b: b has counted 78 of them, a 18 over
+// the first 40 s of the window and one more 20 ms before a check 50 s in;
+// b's news comes every 100 ms, 40 ms on the way. The one hit a admitted in
+// the age of b's news says nothing of the room opening: b is guessed at
+// its own rate (a fraction of a hit), and the client's next request, its
+// 98th, is admitted. Scaled by b's part against a's (78/18) that hit was
+// four more of b's, and the request was denied. Two hits in the age are
+// taken for the room opening, and the mirror holds.
+func TestMirrorEvidence(t *testing.T) {
+	ms := int64(time.Millisecond)
+	t0 := limittest.T0.Add(10*time.Minute + 50*time.Second).UnixNano() // 50 s into a window
+	start := limit.WindowStart(t0, int64(time.Minute))
+	for _, c := range []struct {
+		name   string
+		recent int // a's hits in the last 20 ms before the check
+		mirror bool
+	}{
+		{"one hit", 1, false},
+		{"two hits", 2, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			it := windowItem(rules.Minute, limit.SlidingWindow, limit.ScopeGlobal, 100, "evidence")
+			s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+			slot := []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 78}}
+			s.ApplyAt(start+time.Second.Nanoseconds(), start+time.Second.Nanoseconds()-40*ms, slot)
+			for i := range int64(18) {
+				if admit(t, s, start+(2+2*i)*int64(time.Second), it, 1) != 1 {
+					t.Fatalf("a's hit %d denied", i)
+				}
+			}
+			for _, sent := range []int64{t0 - 200*ms, t0 - 100*ms} {
+				s.ApplyAt(sent+40*ms, sent, slot)
+			}
+			for i := range c.recent {
+				if admit(t, s, t0-20*ms+int64(i)*ms, it, 1) != 1 {
+					t.Fatalf("a's recent hit %d denied", i)
+				}
+			}
+			s.rep.mu.Lock()
+			st := s.rep.state(&it, t0)
+			s.rep.mu.Unlock()
+			// b's own rate over the 100 ms age of its news: 78 in the
+			// 50 s of the window before it.
+			rate := 78 * 0.1 / 50
+			mirror := float64(c.recent) * 78 / float64(18)
+			t.Logf("guessed %.2f of b (its rate: %.2f, the mirror: %.2f)", st.Unheard, rate, mirror)
+			if c.mirror {
+				if st.Unheard < 0.9*mirror {
+					t.Fatalf("Unheard = %.2f after %d hits in the age: the mirror (%.2f) was capped", st.Unheard, c.recent, mirror)
+				}
+				return
+			}
+			if st.Unheard > 2*rate {
+				t.Fatalf("Unheard = %.2f after one hit in the age: more than b's rate gives (%.2f)", st.Unheard, rate)
+			}
+			if admit(t, s, t0, it, 1) != 1 {
+				t.Fatal("the client's 98th request of the minute denied")
+			}
+		})
+	}
+}
