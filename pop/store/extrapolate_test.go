@@ -856,3 +856,46 @@ func TestMirrorEvidence(t *testing.T) {
 		})
 	}
 }
+
+// TestNewKeyRemembered: a key with no count in the previous window has
+// its admissions remembered from a 32nd of its limit, one that had a count
+// there only from a quarter (where it comes near its limit and is hot). A
+// sprayer's key that began 100 ms before a window boundary, 20 of its 100
+// a second admitted here, when the agreed clock steps this PoP 150 ms
+// forward across the boundary: the 17 admitted since they were remembered
+// (from the 4th hit, a 25th of the limit) are less than a second old for
+// most of the next window and count in it too, so 750 ms into it 78 more
+// may be admitted (20 × 0.25 + 17 counted), not the 95 a store that forgot
+// them with the old window lets in. The key is not hot for that: it is not
+// near its limit. The same hits of a key that b counted 2 of in the window
+// before are not remembered: 95.
+func TestNewKeyRemembered(t *testing.T) {
+	ms := int64(time.Millisecond)
+	it := perSecond(limit.SlidingWindow, 100, "new")
+	s0 := limit.WindowStart(limittest.T0.Add(30*time.Second).UnixNano(), it.Spec.Window)
+	for _, c := range []struct {
+		name  string
+		prev  uint64 // b's count of the window before the first hit's
+		after int    // admitted 750 ms into the window after the step
+	}{
+		{"new", 0, 78},
+		{"old", 2, 95},
+	} {
+		s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+		if c.prev > 0 {
+			s.ApplyAt(s0-900*ms, s0-950*ms, []crdt.Slot{{Key: string(it.Key), Window: s0 - 2000*ms, Replica: "b", Count: c.prev}})
+		}
+		for i := range int64(20) {
+			if admit(t, s, s0-100*ms+i*2*ms, it, 1) != 1 {
+				t.Fatalf("%s: hit %d denied", c.name, i)
+			}
+		}
+		if hot := s.Hot(s.Delta()); len(hot) > 0 {
+			t.Errorf("%s: hot 20 hits into a limit of 100", c.name)
+		}
+		s.MoveClock(s0-50*ms+150*ms, 150*ms)
+		if n := admit(t, s, s0+750*ms, it, 100); n != c.after {
+			t.Errorf("%s: admitted %d 750 ms into the window after the step, want %d", c.name, n, c.after)
+		}
+	}
+}
