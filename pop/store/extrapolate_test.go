@@ -597,8 +597,7 @@ func TestMirrorSteadyCap(t *testing.T) {
 // they were not counted at all: 100 admitted).
 func TestWindowStep(t *testing.T) {
 	ms := int64(time.Millisecond)
-	it := perSecond(limit.SlidingWindow, 100, "step")
-	s0 := limit.WindowStart(limittest.T0.Add(30*time.Second).UnixNano(), it.Spec.Window)
+	it, s0 := stepItem("step")
 	for _, c := range []struct {
 		name         string
 		at, step     int64 // admissions from at, by the clock before the step
@@ -857,6 +856,13 @@ func TestMirrorEvidence(t *testing.T) {
 	}
 }
 
+// stepItem is a key of 100 a second for a clock step's tests, and a window
+// start 30 s on from limittest.T0.
+func stepItem(v string) (limit.Item, int64) {
+	it := perSecond(limit.SlidingWindow, 100, v)
+	return it, limit.WindowStart(limittest.T0.Add(30*time.Second).UnixNano(), it.Spec.Window)
+}
+
 // TestNewKeyRemembered: a key with no count in the previous window has
 // its admissions remembered from a 32nd of its limit, one that had a count
 // there only from a quarter (where it comes near its limit and is hot). A
@@ -871,8 +877,7 @@ func TestMirrorEvidence(t *testing.T) {
 // before are not remembered: 95.
 func TestNewKeyRemembered(t *testing.T) {
 	ms := int64(time.Millisecond)
-	it := perSecond(limit.SlidingWindow, 100, "new")
-	s0 := limit.WindowStart(limittest.T0.Add(30*time.Second).UnixNano(), it.Spec.Window)
+	it, s0 := stepItem("new")
 	for _, c := range []struct {
 		name  string
 		prev  uint64 // b's count of the window before the first hit's
