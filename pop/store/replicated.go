@@ -546,13 +546,17 @@ func (c *replicaClock) guess(cur, prev uint64, start, w, now int64, rh *recentHi
 	theirs := float64(prev)*prevWeight(now, start, w) + float64(cur) // its sliding count, weighed now
 	age := c.age(now, 0)
 	if mine > 0 {
-		plain, ok := c.mirror(rh, mine, theirs, now, age)
-		if ok && rh.since(now-int64(age), now) < mirrorEvidence {
+		plain, since, ok := c.mirror(rh, mine, theirs, now, age)
+		// capped is the mirror no higher than steadyCap times the
+		// replica's own rate (see steady).
+		capped := func() float64 { return min(plain, steadyCap*c.byRate(cur, prev, start, w, now, theirs, age)) }
+		few := since < mirrorEvidence
+		if ok && few {
 			// One admission in the age is no evidence that the room
 			// opened (see mirrorEvidence): the mirror goes no higher than
-			// where the PoP admits at its pace (steady), here and as the
-			// stall reach's floor below.
-			plain = min(plain, steadyCap*c.byRate(cur, prev, start, w, now, theirs, age))
+			// where the PoP admits at its pace, here and as the stall
+			// reach's floor below.
+			plain = capped()
 		}
 		// The mirror follows a silence up to stallReach past the usual gap
 		// (a stalled link), but there to no more than the replica's own
@@ -562,14 +566,14 @@ func (c *replicaClock) guess(cur, prev uint64, start, w, now int64, rh *recentHi
 		// it at six times this PoP's latest hit a third of a second later
 		// (TestPoPsOnRedisReplicate, 5 runs of 6).
 		if reach := c.age(now, stallReach); reach > age {
-			if g, rok := c.mirror(rh, mine, theirs, now, reach); rok {
+			if g, _, rok := c.mirror(rh, mine, theirs, now, reach); rok {
 				return min(g, max(c.byRate(cur, prev, start, w, now, c.stamped(cur, prev, start, w, now), reach), plain))
 			}
 		}
+		if ok && !few && steady(since, mine, age, w) {
+			return capped()
+		}
 		if ok {
-			if steady(rh, mine, now, age, w) {
-				return min(plain, steadyCap*c.byRate(cur, prev, start, w, now, theirs, age))
-			}
 			return plain
 		}
 	}
@@ -590,7 +594,8 @@ func (c *replicaClock) stamped(cur, prev uint64, start, w, now int64) float64 {
 	return float64(prev)*min(1, prevWeight(at, start, w)) + float64(cur)
 }
 
-// steady reports whether this PoP admitted the key over the last age a at
+// steady reports whether this PoP admitted the key over the last age a —
+// since hits — at
 // no more than steadyPace times its pace over the window (mine in w): the
 // room is not opening, it frees as the window slides. There the PoPs
 // compete for each freed slot — one that takes it leaves it to no one
@@ -605,26 +610,27 @@ func (c *replicaClock) stamped(cur, prev uint64, start, w, now int64) float64 {
 // a cut heals — this PoP admits faster than its pace, and the mirror,
 // which follows the room at once where a rate lags a window behind, is
 // left alone (burst-minute: 22–27% worst with the cap always on).
-func steady(rh *recentHits, mine float64, now int64, a float64, w int64) bool {
-	return a > 0 && rh.since(now-int64(a), now)/a <= steadyPace*mine/float64(w)
+func steady(since, mine, a float64, w int64) bool {
+	return a > 0 && since/a <= steadyPace*mine/float64(w)
 }
 
 // mirror is the guess by what this PoP admitted over age a (see unheard),
-// and whether it applies: this PoP remembers the whole age and admitted
-// before it at least as much as within it.
-func (c *replicaClock) mirror(rh *recentHits, mine, theirs float64, now int64, a float64) (float64, bool) {
+// what it admitted then (since), and whether the guess applies: this PoP
+// remembers the whole age and admitted before it at least as much as
+// within it.
+func (c *replicaClock) mirror(rh *recentHits, mine, theirs float64, now int64, a float64) (g, since float64, ok bool) {
 	if rh.near > now-int64(a) {
 		// It does not remember the whole age as near the limit (the key
 		// came near it since): counting only what it admitted since it
 		// began took a sprayer's first 100 ms for quiet (world's worst,
 		// 10%).
-		return 0, false
+		return 0, 0, false
 	}
-	since := rh.since(now-int64(a), now)
+	since = rh.since(now-int64(a), now)
 	if then := mine - since; then >= since {
-		return since * theirs / then, true
+		return since * theirs / then, since, true
 	}
-	return 0, false
+	return 0, since, false
 }
 
 // byRate is the guess by the replica's own rate over age a: its count over
