@@ -904,3 +904,101 @@ func TestNewKeyRemembered(t *testing.T) {
 		}
 	}
 }
+
+// TestSettledCorrection: a and b share a key of 100 a second. In one window
+// b admits 50 hits in its first half and none after, telling a every 100 ms
+// (60 ms on the way);
+// a guesses b by its rate, admits up to its estimate's limit late in the
+// window, and so leaves room its guess of b held: the window settles under
+// the limit. 300 ms into the next window a judges that window and takes
+// settleGain of the shortfall (below the limit less settleSlack) off its
+// guess from then on; a window after one not at the limit halves the
+// correction; the PoP's own count as its store read it (several servers)
+// counts in the settled count; and while b's news is held up, the window is
+// not settled and nothing is judged.
+func TestSettledCorrection(t *testing.T) {
+	ms := int64(time.Millisecond)
+	it := perSecond(limit.SlidingWindow, 100, "settled")
+	w := it.Spec.Window
+	s0 := limit.WindowStart(limittest.T0.Add(30*time.Second).UnixNano(), w)
+	key := string(it.Key)
+	run := func(t *testing.T, popExtra uint64, bFlows bool) (*Memory, float64, float64) {
+		t.Helper()
+		s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+		for sent := s0; sent < s0+w; sent += 100 * ms {
+			n := uint64(min(50, 10*(sent-s0)/(100*ms)))
+			s.ApplyAt(sent+60*ms, sent, []crdt.Slot{{Key: key, Window: s0, Replica: "b", Count: max(n, 1)}})
+			if sent >= s0+700*ms {
+				admit(t, s, sent+90*ms, it, 20) // until a's estimate reaches the limit
+			}
+		}
+		own := float64(s.rep.units[w].own.Count(key, s0))
+		if popExtra > 0 {
+			s.rep.mu.Lock()
+			s.rep.popCount(w, key, s0, uint64(own)+popExtra) // another server of the PoP admitted more
+			s.rep.mu.Unlock()
+		}
+		settled := own + float64(popExtra) + 50
+		// Into the next window: b's news goes on, nothing new of the key.
+		s1 := s0 + w
+		for sent := s1; bFlows && sent <= s1+300*ms; sent += 100 * ms {
+			s.ApplyAt(sent+60*ms, sent, []crdt.Slot{{Key: key, Window: s0, Replica: "b", Count: 50}})
+		}
+		return s, own, settled
+	}
+	check := func(s *Memory, now int64) (limit.State, float64) {
+		s.rep.mu.Lock()
+		defer s.rep.mu.Unlock()
+		st := s.rep.state(&it, now)
+		u := s.rep.units[w]
+		return st, u.recent[key].correction
+	}
+
+	t.Run("settled under", func(t *testing.T) {
+		s, own, settled := run(t, 0, true)
+		if settled >= 100-settleSlack {
+			t.Fatalf("the window settled at %v (a admitted %v): the setup meant it to settle under %v", settled, own, 100-settleSlack)
+		}
+		s1 := s0 + w
+		if _, c := check(s, s1+200*ms); c != 0 {
+			t.Fatalf("correction %v before the window settled (200 ms), want 0", c)
+		}
+		now := s1 + 360*ms
+		st, c := check(s, now)
+		want := max(settleGain*(settled-(100-settleSlack)), -settleFloor*100)
+		if math.Abs(c-want) > 1e-9 {
+			t.Fatalf("correction %v after a window settled at %v, want %v", c, settled, want)
+		}
+		s.rep.mu.Lock()
+		u := s.rep.units[w]
+		raw := s.rep.unheard(u, key, u.own.Key(key), u.remote.Key(key), s1, w, now, nil)
+		s.rep.mu.Unlock()
+		if math.Abs(st.Unheard-max(raw+c, 0)) > 1e-9 {
+			t.Errorf("Unheard %v, want the guess %v corrected by %v", st.Unheard, raw, c)
+		}
+		// The window after: a admits 20 more of it, far from the limit.
+		if n := admit(t, s, s1+400*ms, it, 20); n != 20 {
+			t.Fatalf("%d of 20 admitted at 400 ms", n)
+		}
+		for sent := s1 + 400*ms; sent <= s1+w+300*ms; sent += 100 * ms { // b's news flows (a held b's would not settle)
+			s.ApplyAt(sent+60*ms, sent, []crdt.Slot{{Key: key, Window: s0, Replica: "b", Count: 50}})
+		}
+		if _, c2 := check(s, s1+w+360*ms); math.Abs(c2-c/2) > 1e-9 {
+			t.Errorf("correction %v after a window not at the limit, want half of %v", c2, c)
+		}
+	})
+	t.Run("the PoP's own count", func(t *testing.T) {
+		_, _, under := run(t, 0, true)
+		extra := uint64(100 - settleSlack - under + 3) // settles 3 over limit−slack
+		s, _, settled := run(t, extra, true)
+		if _, c := check(s, s0+w+360*ms); c != 0 {
+			t.Errorf("correction %v with the PoP's count settling the window at %v, want 0 (it never adds)", c, settled)
+		}
+	})
+	t.Run("held replica", func(t *testing.T) {
+		s, _, settled := run(t, 0, false) // b silent since the window's end: held up
+		if _, c := check(s, s0+w+360*ms); c != 0 {
+			t.Errorf("correction %v with b's news held up (its count %v not settled), want 0", c, settled)
+		}
+	})
+}

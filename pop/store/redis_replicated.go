@@ -316,6 +316,7 @@ func (s *Redis) ownSlots(ctx context.Context, delta bool) ([]crdt.Slot, error) {
 		failed []trackKey
 		lost   []crdt.Slot // counts Redis no longer holds, or never had (see below)
 		read   []crdt.Slot // what Redis holds of each pair read, once lost counts are back
+		readW  []int64     // the window length of each of read
 		gone   bool        // Redis holds less than it did: it lost counts
 	)
 	for i, p := range todo {
@@ -367,7 +368,18 @@ func (s *Redis) ownSlots(ctx context.Context, delta bool) ([]crdt.Slot, error) {
 		if n > 0 {
 			out = append(out, crdt.Slot{Key: p.tk.key, Window: p.tk.window, Replica: r.self, Count: n})
 			read = append(read, out[len(out)-1])
+			readW = append(readW, p.t.w)
 		}
+	}
+	if e := s.est; e != nil && len(read) > 0 {
+		// The PoP's own counts, for the settled count the estimate judges
+		// its guess by (replicated.settle): its own counts hold this
+		// server's hits only.
+		e.mu.Lock()
+		for i, sl := range read {
+			e.popCount(readW[i], sl.Key, sl.Window, sl.Count)
+		}
+		e.mu.Unlock()
 	}
 	r.mu.Lock()
 	for _, sl := range out {
