@@ -907,15 +907,15 @@ func TestNewKeyRemembered(t *testing.T) {
 
 // TestSettledCorrection: a and b share a key of 100 a second. In one window
 // b admits 50 hits in its first half and none after, telling a every 100 ms
-// (60 ms on the way);
-// a guesses b by its rate, admits up to its estimate's limit late in the
-// window, and so leaves room its guess of b held: the window settles under
-// the limit. 300 ms into the next window a judges that window and takes
+// (60 ms on the way); a guesses b by its rate, admits up to its estimate's
+// limit late in the window, and so leaves room its guess of b held: the
+// window settles under the limit. 300 ms into the next window a judges that window and takes
 // settleGain of the shortfall (below the limit less settleSlack) off its
 // guess from then on; a window after one not at the limit halves the
-// correction; the PoP's own count as its store read it (several servers)
-// counts in the settled count; and while b's news is held up, the window is
-// not settled and nothing is judged.
+// correction. The PoP's own count as its store read it (several servers)
+// counts in the settled count: settled within the band, nothing changes;
+// over the limit, the correction adds settleGain of the excess. While b's
+// news is held up, the window is not settled and nothing is judged.
 func TestSettledCorrection(t *testing.T) {
 	ms := int64(time.Millisecond)
 	it := perSecond(limit.SlidingWindow, 100, "settled")
@@ -965,7 +965,7 @@ func TestSettledCorrection(t *testing.T) {
 		}
 		now := s1 + 360*ms
 		st, c := check(s, now)
-		want := max(settleGain*(settled-(100-settleSlack)), -settleFloor*100)
+		want := max(settleGain*(settled-(100-settleSlack)), -settleBound*100)
 		if math.Abs(c-want) > 1e-9 {
 			t.Fatalf("correction %v after a window settled at %v, want %v", c, settled, want)
 		}
@@ -987,14 +987,24 @@ func TestSettledCorrection(t *testing.T) {
 			t.Errorf("correction %v after a window not at the limit, want half of %v", c2, c)
 		}
 	})
-	t.Run("the PoP's own count", func(t *testing.T) {
-		_, _, under := run(t, 0, true)
-		extra := uint64(100 - settleSlack - under + 3) // settles 3 over limit−slack
-		s, _, settled := run(t, extra, true)
-		if _, c := check(s, s0+w+360*ms); c != 0 {
-			t.Errorf("correction %v with the PoP's count settling the window at %v, want 0 (it never adds)", c, settled)
-		}
-	})
+	// Another server of the PoP admitted more of the window than this one
+	// (popCount): the settled count holds them.
+	_, _, under := run(t, 0, true)
+	for _, c := range []struct {
+		name string
+		over float64 // settled minus the limit
+		want float64
+	}{
+		{"within the band", -1, 0},
+		{"over the limit", 3, settleGain * 3},
+	} {
+		t.Run("the PoP's own count settles "+c.name, func(t *testing.T) {
+			s, _, settled := run(t, uint64(100+c.over-under), true)
+			if _, got := check(s, s0+w+360*ms); math.Abs(got-c.want) > 1e-9 {
+				t.Errorf("correction %v with the PoP's count settling the window at %v, want %v", got, settled, c.want)
+			}
+		})
+	}
 	t.Run("held replica", func(t *testing.T) {
 		s, _, settled := run(t, 0, false) // b silent since the window's end: held up
 		if _, c := check(s, s0+w+360*ms); c != 0 {
