@@ -551,3 +551,73 @@ func TestPoPsDirectPath(t *testing.T) {
 		t.Errorf("b (direct path to eu) answered %d after a admitted the whole limit, want 429", code)
 	}
 }
+
+// Two PoPs in two regions share a global limit of 20 a second, each sent
+// about twice it for 3 s: each finds the key at its limit in the windows of
+// those seconds, and once every window has settled (the other PoP's count
+// of it arrived) reports how far over the limit both together admitted in
+// it, edgelimit_settled_excess_percent.
+func TestPoPsSettledExcess(t *testing.T) {
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "rules.yaml")
+	os.WriteFile(rules, []byte("domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: second, requests_per_unit: 20, scope: global}\n"+
+		"  - key: warm\n    rate_limit: {unit: hour, requests_per_unit: 1000, scope: global}\n"), 0o644)
+	port := func() string { return strings.Split(freeAddr(t), ":")[1] }
+	leaf := port()
+	a, b := freeAddr(t), freeAddr(t)
+	common := []string{"--rules", rules, "--topology", "eu=a;us=b", "--flush-interval", "50ms", "--log-level", "warn"}
+	startPoP(t, bin, append([]string{"--listen", a, "--data", filepath.Join(dir, "a"), "--region", "eu", "--pop", "a",
+		"--nats-port", port(), "--nats-leaf-port", leaf}, common...)...)
+	startPoP(t, bin, append([]string{"--listen", b, "--data", filepath.Join(dir, "b"), "--region", "us", "--pop", "b",
+		"--nats-port", port(), "--nats-leaf-remote", "nats-leaf://127.0.0.1:" + leaf}, common...)...)
+	deadline := time.Now().Add(20 * time.Second)
+	for !appliedSome(t, a) || !appliedSome(t, b) {
+		if time.Now().After(deadline) {
+			t.Fatal("a and b applied nothing from each other within 20s")
+		}
+		checkKey(t, a, "warm")
+		checkKey(t, b, "warm")
+		time.Sleep(100 * time.Millisecond)
+	}
+	admitted := 0
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
+		for _, p := range []string{a, b} {
+			if popCheck(t, p) == 200 {
+				admitted++
+			}
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	t.Logf("admitted %d in 3 s against 20 a second", admitted)
+	// The last windows settle 300 ms on; a PoP reports them as news is
+	// applied, and the other's flushes keep coming.
+	name := `edgelimit_settled_excess_percent_count{scope="global"}`
+	var n [2]float64
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		checkKey(t, a, "warm")
+		checkKey(t, b, "warm")
+		for i, p := range []string{a, b} {
+			n[i], _ = strconv.ParseFloat(metricValue(t, p, name), 64)
+		}
+		if n[0] >= 1 && n[1] >= 1 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if n[0] < 1 || n[1] < 1 {
+		t.Fatalf("windows settled at the limit: a reported %v, b %v; want each at least one", n[0], n[1])
+	}
+	for _, p := range []string{a, b} {
+		sum, _ := strconv.ParseFloat(metricValue(t, p, `edgelimit_settled_excess_percent_sum{scope="global"}`), 64)
+		count, _ := strconv.ParseFloat(metricValue(t, p, name), 64)
+		// Both PoPs at the limit all along: each window settled near it,
+		// not at half of it, as one counted without the other PoP's hits
+		// would.
+		mean := sum / count
+		t.Logf("%s: %v windows settled at the limit, %.1f%% over it on average", p, count, mean)
+		if mean < -25 || mean > 50 {
+			t.Errorf("%s: windows settled %.1f%% over the limit on average, want within −25%%…+50%%", p, mean)
+		}
+	}
+}

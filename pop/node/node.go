@@ -494,7 +494,7 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.
 	embedded := cfg.Store == "" || cfg.Store == "embedded"
 	memCfg := store.MemoryConfig{MaxKeys: cfg.MaxKeys, Durable: cfg.Durable != nil}
 	// The estimate's misses, from whichever store makes the estimate.
-	var estimateMiss func(limit.Scope, float64)
+	var estimateMiss, settledExcess func(limit.Scope, float64)
 	if cfg.Extrapolate && cfg.Replica != "" {
 		miss := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "edgelimit_estimate_error_hits",
@@ -504,11 +504,19 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.
 		}, []string{"scope"})
 		reg.MustRegister(miss)
 		estimateMiss = func(scope limit.Scope, hits float64) { miss.WithLabelValues(scope.String()).Observe(hits) }
+		over := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "edgelimit_settled_excess_percent",
+			Help: "For each window in which this PoP found a region or global sliding-window key at its limit: how far over the limit " +
+				"all PoPs together admitted in it, once every PoP's count of it arrived, in percent of the limit, by scope (negative: under).",
+			Buckets: []float64{-20, -10, -5, -2, -1, 0, 1, 2, 5, 10, 20, 50, 100},
+		}, []string{"scope"})
+		reg.MustRegister(over)
+		settledExcess = func(scope limit.Scope, pct float64) { over.WithLabelValues(scope.String()).Observe(pct) }
 	}
 	var rs *store.Redis
 	if embedded {
 		memCfg.Replica, memCfg.RegionPeers, memCfg.Replicas, memCfg.Extrapolate = cfg.Replica, cfg.RegionPeers, cfg.Replicas, cfg.Extrapolate
-		memCfg.EstimateMiss = estimateMiss
+		memCfg.EstimateMiss, memCfg.SettledExcess = estimateMiss, settledExcess
 	} else {
 		clock, err := store.ParseClockSource(cfg.RedisClock)
 		if err != nil {
@@ -516,7 +524,7 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.
 		}
 		rs, err = store.OpenRedis(store.RedisConfig{URL: cfg.Store, Password: cfg.RedisPassword, Timeout: cfg.RedisTimeout, ClockSource: clock,
 			BatchWindow: cfg.RedisBatchWindow, Pipelines: cfg.RedisPipelines, Replica: cfg.Replica, RegionPeers: cfg.RegionPeers,
-			Replicas: cfg.Replicas, Extrapolate: cfg.Extrapolate, EstimateMiss: estimateMiss})
+			Replicas: cfg.Replicas, Extrapolate: cfg.Extrapolate, EstimateMiss: estimateMiss, SettledExcess: settledExcess})
 		if err != nil {
 			return nil, nil, nil, nil, nil, fmt.Errorf("store: %w", err)
 		}

@@ -915,16 +915,24 @@ func TestNewKeyRemembered(t *testing.T) {
 // correction. The PoP's own count as its store read it (several servers)
 // counts in the settled count: settled within the band, nothing changes;
 // over the limit, the correction adds settleGain of the excess. While b's
-// news is held up, the window is not settled and nothing is judged.
+// news is held up, the window is not settled and nothing is judged. The
+// judged window is reported to SettledExcess as news is applied.
 func TestSettledCorrection(t *testing.T) {
 	ms := int64(time.Millisecond)
 	it := perSecond(limit.SlidingWindow, 100, "settled")
 	w := it.Spec.Window
 	s0 := limit.WindowStart(limittest.T0.Add(30*time.Second).UnixNano(), w)
 	key := string(it.Key)
+	var seen []float64 // what SettledExcess reported, in percent of the limit
 	run := func(t *testing.T, popExtra uint64, bFlows bool) (*Memory, float64, float64) {
 		t.Helper()
-		s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+		seen = nil
+		s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true, SettledExcess: func(sc limit.Scope, pct float64) {
+			if sc != limit.ScopeGlobal {
+				t.Errorf("SettledExcess scope %v, want global", sc)
+			}
+			seen = append(seen, pct)
+		}})
 		for sent := s0; sent < s0+w; sent += 100 * ms {
 			n := uint64(min(50, 10*(sent-s0)/(100*ms)))
 			s.ApplyAt(sent+60*ms, sent, []crdt.Slot{{Key: key, Window: s0, Replica: "b", Count: max(n, 1)}})
@@ -975,6 +983,13 @@ func TestSettledCorrection(t *testing.T) {
 		s.rep.mu.Unlock()
 		if math.Abs(st.Unheard-max(raw+c, 0)) > 1e-9 {
 			t.Errorf("Unheard %v, want the guess %v corrected by %v", st.Unheard, raw, c)
+		}
+		if len(seen) != 0 {
+			t.Fatalf("SettledExcess reported %v before news was applied", seen)
+		}
+		s.ApplyAt(now+5*ms, now, []crdt.Slot{{Key: key, Window: s0, Replica: "b", Count: 50}})
+		if len(seen) != 1 || math.Abs(seen[0]-(settled-100)) > 1e-9 {
+			t.Errorf("SettledExcess reported %v, want once %v%% (the window settled at %v of 100)", seen, settled-100, settled)
 		}
 		// The window after: a admits 20 more of it, far from the limit.
 		if n := admit(t, s, s1+400*ms, it, 20); n != 20 {

@@ -54,6 +54,14 @@ type MemoryConfig struct {
 	// guessed since) was from the report, in hits; positive when it
 	// overestimated. It shows the estimator working in production.
 	EstimateMiss func(scope limit.Scope, hits float64)
+	// SettledExcess, when set with Extrapolate, is called (outside the
+	// store's locks, as news is applied) once for each window of a
+	// sliding-window key in which this PoP found the key at its limit,
+	// once the window has settled (every replica's news of it arrived):
+	// with the key's scope and how far over the limit all PoPs together
+	// admitted in it, in percent of the limit; negative when under. It is
+	// the overshoot of a global or region limit measured in production.
+	SettledExcess func(scope limit.Scope, pct float64)
 	// Primary, when set, is the replicated Redis store this store is the
 	// Fallback secondary of: limits with scope region or global are then
 	// decided and counted on the Redis store's in-process counts — the
@@ -89,8 +97,11 @@ type Memory struct {
 	rep      *replicated // nil without a replica name
 	urgent   chan struct{}
 	onMiss   func(limit.Scope, float64)
-	durable  bool
-	changes  [shardCount]changeLog // see durable.go; changes[i] requires shards[i].mu
+	// onSettled is MemoryConfig.SettledExcess (or RedisConfig's, for a
+	// Redis store's estimate).
+	onSettled func(limit.Scope, float64)
+	durable   bool
+	changes   [shardCount]changeLog // see durable.go; changes[i] requires shards[i].mu
 
 	clock atomic.Int64 // correction of the wall clock for Apply, ns
 
@@ -125,6 +136,8 @@ func NewMemory(cfg MemoryConfig) *Memory {
 		s.rep = newReplicated(cfg.Replica, cfg.RegionPeers, cfg.Replicas, cfg.Extrapolate)
 		if cfg.Extrapolate {
 			s.onMiss = cfg.EstimateMiss
+			s.onSettled = cfg.SettledExcess
+			s.rep.keepSettled = cfg.SettledExcess != nil
 		}
 	}
 	for i := range s.shards {

@@ -137,6 +137,9 @@ type RedisConfig struct {
 	// EstimateMiss, with Extrapolate, is MemoryConfig.EstimateMiss for
 	// this server's estimate.
 	EstimateMiss func(scope limit.Scope, hits float64)
+	// SettledExcess, with Extrapolate, is MemoryConfig.SettledExcess for
+	// this server's estimate.
+	SettledExcess func(scope limit.Scope, pct float64)
 }
 
 // Redis is the counter store shared by the servers of a PoP, kept in Redis or

@@ -39,7 +39,9 @@ func newRedisEstimate(cfg RedisConfig) *replicated {
 	if cfg.Replica == "" {
 		return nil
 	}
-	return newReplicated(cfg.Replica, cfg.RegionPeers, cfg.Replicas, cfg.Extrapolate)
+	r := newReplicated(cfg.Replica, cfg.RegionPeers, cfg.Replicas, cfg.Extrapolate)
+	r.keepSettled = cfg.Extrapolate && cfg.SettledExcess != nil
+	return r
 }
 
 // estimates appends to sts, for each item of a check at now, the state the
@@ -113,14 +115,21 @@ func (s *Redis) sweepEstimate(now int64) {
 func (s *Redis) estimateApply(now, sent int64, remote []crdt.Slot) {
 	e := s.est
 	var misses []estimateMiss
+	var settled []settledWindow
 	e.mu.Lock()
 	if s.cfg.EstimateMiss != nil {
 		misses = e.misses(remote, now, sent)
 	}
 	e.applyLocked(now, sent, remote)
+	if s.cfg.SettledExcess != nil {
+		settled = e.takeSettled()
+	}
 	e.mu.Unlock()
 	for _, m := range misses {
 		s.cfg.EstimateMiss(m.scope, m.hits)
+	}
+	for _, w := range settled {
+		s.cfg.SettledExcess(w.scope, w.pct)
 	}
 	s.sweepEstimate(now)
 }

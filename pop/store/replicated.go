@@ -31,6 +31,29 @@ type replicated struct {
 	units       map[int64]*unitCounts // by window length
 	clocks      []*replicaClock       // one per other replica of the topology or heard from; few, so a slice beats a map
 	started     bool                  // see start
+	// settled holds, when keepSettled, the windows settle judged since
+	// they were last taken (takeSettled), for MemoryConfig.SettledExcess.
+	settled     []settledWindow
+	keepSettled bool
+}
+
+// settledWindow is a window settle judged: the limit's scope and how far
+// over its limit the window settled, in percent of it.
+type settledWindow struct {
+	scope limit.Scope
+	pct   float64
+}
+
+// maxSettled bounds the judged windows kept between two takes: a PoP whose
+// news stopped coming (no apply takes them) must not pile them up.
+const maxSettled = 1024
+
+// takeSettled returns the windows judged since the last call. Requires r.mu
+// held.
+func (r *replicated) takeSettled() []settledWindow {
+	out := r.settled
+	r.settled = nil
+	return out
 }
 
 // replicaClock is what a PoP knows of how fresh another replica's counts
@@ -476,8 +499,9 @@ const (
 // above), judging the previous window's settled count once per window
 // when it is due: settleAfter into this window (half the window for a
 // short one), with no replica of the limit's scope held up (its count is
-// not settled). Requires r.mu held.
-func (r *replicated) settle(u *unitCounts, rh *recentHits, ho, hr crdt.KeyHash, limit, start, w, now int64, in func(string) bool) float64 {
+// not settled). A window judged at the limit is kept for SettledExcess.
+// Requires r.mu held.
+func (r *replicated) settle(u *unitCounts, rh *recentHits, ho, hr crdt.KeyHash, lim, start, w, now int64, in func(string) bool) float64 {
 	if rh.judged == start || now-start < min(settleAfter, w/2) {
 		return rh.correction
 	}
@@ -497,7 +521,14 @@ func (r *replicated) settle(u *unitCounts, rh *recentHits, ho, hr crdt.KeyHash, 
 		own = max(own, rh.popN[i])
 	}
 	settled := float64(own + u.remote.TotalOf(hr, prev, in))
-	l := float64(limit)
+	l := float64(lim)
+	if r.keepSettled && len(r.settled) < maxSettled {
+		sc := limit.ScopeGlobal
+		if in != nil {
+			sc = limit.ScopeRegion
+		}
+		r.settled = append(r.settled, settledWindow{sc, 100 * (settled - l) / l})
+	}
 	switch {
 	case settled < l-settleSlack: // the guess ran high
 		rh.correction += settleGain * (settled - (l - settleSlack))
@@ -1164,6 +1195,7 @@ func (s *Memory) ApplyAt(now, sent int64, remote []crdt.Slot) {
 		return
 	}
 	var misses []estimateMiss
+	var settled []settledWindow
 	// One step under the lock: a check sees the counts and how old they
 	// are together, never new counts with an old age or the reverse.
 	s.rep.mu.Lock()
@@ -1171,9 +1203,15 @@ func (s *Memory) ApplyAt(now, sent int64, remote []crdt.Slot) {
 		misses = s.rep.misses(remote, now, sent)
 	}
 	s.rep.applyLocked(now, sent, remote)
+	if s.onSettled != nil {
+		settled = s.rep.takeSettled()
+	}
 	s.rep.mu.Unlock()
 	for _, m := range misses {
 		s.onMiss(m.scope, m.hits)
+	}
+	for _, w := range settled {
+		s.onSettled(w.scope, w.pct)
 	}
 }
 
