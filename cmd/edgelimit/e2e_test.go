@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -504,9 +505,7 @@ func TestPoPHardeningFlags(t *testing.T) {
 func TestPoPsDirectPath(t *testing.T) {
 	bin := buildBinary(t)
 	dir := t.TempDir()
-	rules := filepath.Join(dir, "rules.yaml")
-	os.WriteFile(rules, []byte("domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: hour, requests_per_unit: 10, scope: global}\n"+
-		"  - key: warm\n    rate_limit: {unit: hour, requests_per_unit: 1000, scope: global}\n"), 0o644)
+	rules := warmRules(t, dir, "hour", 10)
 	port := func() string { return strings.Split(freeAddr(t), ":")[1] }
 	leaf, natsA, natsB := port(), port(), port()
 	link, err := faultnet.NewProxy("127.0.0.1:" + leaf)
@@ -525,14 +524,7 @@ func TestPoPsDirectPath(t *testing.T) {
 	startPoP(t, bin, append([]string{"--listen", c, "--data", filepath.Join(dir, "c"), "--region", "us", "--pop", "c",
 		"--nats", "nats://127.0.0.1:" + natsB}, common...)...)
 	// Wait until the link is up: a's counts of another key reach both.
-	deadline := time.Now().Add(20 * time.Second)
-	for !appliedSome(t, b) || !appliedSome(t, c) {
-		if time.Now().After(deadline) {
-			t.Fatal("b and c applied nothing from a within 20s")
-		}
-		checkKey(t, a, "warm")
-		time.Sleep(100 * time.Millisecond)
-	}
+	warmUp(t, []string{a}, b, c)
 	if err := link.SetLink(faultnet.Link{Loss: 1, Retransmit: 3 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
@@ -560,9 +552,7 @@ func TestPoPsDirectPath(t *testing.T) {
 func TestPoPsSettledExcess(t *testing.T) {
 	bin := buildBinary(t)
 	dir := t.TempDir()
-	rules := filepath.Join(dir, "rules.yaml")
-	os.WriteFile(rules, []byte("domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: second, requests_per_unit: 20, scope: global}\n"+
-		"  - key: warm\n    rate_limit: {unit: hour, requests_per_unit: 1000, scope: global}\n"), 0o644)
+	rules := warmRules(t, dir, "second", 20)
 	port := func() string { return strings.Split(freeAddr(t), ":")[1] }
 	leaf := port()
 	a, b := freeAddr(t), freeAddr(t)
@@ -571,15 +561,7 @@ func TestPoPsSettledExcess(t *testing.T) {
 		"--nats-port", port(), "--nats-leaf-port", leaf}, common...)...)
 	startPoP(t, bin, append([]string{"--listen", b, "--data", filepath.Join(dir, "b"), "--region", "us", "--pop", "b",
 		"--nats-port", port(), "--nats-leaf-remote", "nats-leaf://127.0.0.1:" + leaf}, common...)...)
-	deadline := time.Now().Add(20 * time.Second)
-	for !appliedSome(t, a) || !appliedSome(t, b) {
-		if time.Now().After(deadline) {
-			t.Fatal("a and b applied nothing from each other within 20s")
-		}
-		checkKey(t, a, "warm")
-		checkKey(t, b, "warm")
-		time.Sleep(100 * time.Millisecond)
-	}
+	warmUp(t, []string{a, b}, a, b)
 	admitted := 0
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
 		for _, p := range []string{a, b} {
@@ -619,5 +601,34 @@ func TestPoPsSettledExcess(t *testing.T) {
 		if mean < -25 || mean > 50 {
 			t.Errorf("%s: windows settled %.1f%% over the limit on average, want within −25%%…+50%%", p, mean)
 		}
+	}
+}
+
+// warmRules writes, in dir, rules of a global limit of n per unit on
+// api_key (popCheck) and of a key "warm" (1000 an hour) whose checks get
+// the PoPs' links going, and returns the file's path.
+func warmRules(t *testing.T, dir, unit string, n int) string {
+	t.Helper()
+	rules := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rules, fmt.Appendf(nil, "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: %s, requests_per_unit: %d, scope: global}\n"+
+		"  - key: warm\n    rate_limit: {unit: hour, requests_per_unit: 1000, scope: global}\n", unit, n), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return rules
+}
+
+// warmUp checks the key "warm" (warmRules) at the PoPs at from until each
+// PoP of to has applied another PoP's counts, for at most 20 s.
+func warmUp(t *testing.T, from []string, to ...string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for slices.ContainsFunc(to, func(p string) bool { return !appliedSome(t, p) }) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%v applied nothing from the other PoPs within 20s", to)
+		}
+		for _, p := range from {
+			checkKey(t, p, "warm")
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
