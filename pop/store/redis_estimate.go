@@ -84,6 +84,7 @@ func (s *Redis) estimated(now, hits int64, items []limit.Item, out []limit.Decis
 	}
 	for i := range items {
 		if !out[i].Allowed && !items[i].Shadow {
+			s.deniedEstimate(items, out, sts)
 			return nil
 		}
 	}
@@ -96,6 +97,22 @@ func (s *Redis) estimated(now, hits int64, items []limit.Item, out []limit.Decis
 	e.mu.Unlock()
 	s.sweepEstimate(now)
 	return nil
+}
+
+// deniedEstimate notes, for each replicated item the script denied, that
+// this PoP found its key at its limit in the window (replicated.atLimit):
+// the script decides on what Redis holds, which for a PoP of several
+// servers is more than this server's estimate counts, so the estimate
+// alone would not see the limit reached.
+func (s *Redis) deniedEstimate(items []limit.Item, out []limit.Decision, sts []limit.State) {
+	e := s.est
+	e.mu.Lock()
+	for i := range items {
+		if !out[i].Allowed && !items[i].Shadow && s.replicates(&items[i]) {
+			e.atLimit(&items[i], sts[i].Start)
+		}
+	}
+	e.mu.Unlock()
 }
 
 // sweepEstimate drops the estimate's windows before the previous one, at

@@ -255,3 +255,56 @@ func TestRedisLostCounts(t *testing.T) {
 		t.Fatalf("after the restore %d more were admitted, want 25 (100 − a's 35 − b's 40)", got)
 	}
 }
+
+// TestRedisSettledPoPCount: PoP a runs two servers on one Redis. Server 2
+// admits 40 hits of a key of 100 a second, server 1 admits until the
+// script denies it (Redis holds server 2's hits, server 1's estimate does
+// not: it must take the denial for the limit reached), and then replica b
+// tells of 40 more. After the window, server 1 reports the window as
+// settled at what both servers and b admitted — the PoP's count as it read
+// it from Redis for publishing — not at its own hits and b's.
+func TestRedisSettledPoPCount(t *testing.T) {
+	srv := redistest.Start(t)
+	ms := int64(time.Millisecond)
+	it := perSecond(limit.SlidingWindow, 100, "pop")
+	t0 := limittest.T0.Add(10 * time.Second).UnixNano() // a window starts here
+	clock := new(replClock)
+	var seen []float64
+	s1 := openTestRedis(t, dbURL(srv, 1), RedisConfig{ClockSource: ClockLocal, Clock: clock.Load, Replica: "a", Extrapolate: true,
+		SettledExcess: func(_ limit.Scope, pct float64) { seen = append(seen, pct) }})
+	s2 := openTestRedis(t, dbURL(srv, 1), RedisConfig{ClockSource: ClockLocal, Clock: clock.Load, Replica: "a", Extrapolate: true})
+	bTells := func(now int64, n uint64) {
+		clock.at(now)
+		for _, s := range []*Redis{s1, s2} {
+			s.Apply(now-50*ms, []crdt.Slot{{Key: string(it.Key), Window: t0, Replica: "b", Count: n}})
+		}
+	}
+	clock.at(t0 + 200*ms)
+	if n := admit(t, s2, t0+200*ms, it, 40); n != 40 {
+		t.Fatalf("server 2 admitted %d of 40", n)
+	}
+	clock.at(t0 + 300*ms)
+	own := admit(t, s1, t0+300*ms, it, 80) // until the script denies
+	if own == 80 || own == 0 {
+		t.Fatalf("server 1 admitted %d of 80: the script should have denied it at the limit", own)
+	}
+	for now := t0 + 400*ms; now <= t0+900*ms; now += 100 * ms {
+		bTells(now, 40)
+	}
+	clock.at(t0 + 950*ms)
+	if _, err := s1.DeltaCtx(context.Background()); err != nil { // publishing reads the PoP's count
+		t.Fatal(err)
+	}
+	t1 := t0 + time.Second.Nanoseconds()
+	for now := t1; now <= t1+300*ms; now += 100 * ms {
+		bTells(now, 40)
+	}
+	clock.at(t1 + 360*ms)
+	admit(t, s1, t1+360*ms, it, 1) // the check that judges the window
+	bTells(t1+400*ms, 40)          // news applied: the judged window is reported
+	settled := float64(40+own+40) - 100
+	if len(seen) != 1 || math.Abs(seen[0]-settled) > 1e-9 {
+		t.Fatalf("SettledExcess reported %v, want once %v%% (the PoP admitted %d, b 40); server 1's own count alone gives %v%%",
+			seen, settled, 40+own, float64(own+40)-100)
+	}
+}

@@ -541,6 +541,23 @@ func (r *replicated) settle(u *unitCounts, rh *recentHits, ho, hr crdt.KeyHash, 
 	return rh.correction
 }
 
+// atLimit notes that this PoP found item's key at its limit in the window
+// that starts at start, when it keeps recent hits of the key near its
+// limit and settle goes by the item's window (sliding): a check denied it.
+// state notes the same where the estimate leaves no room for one hit; a
+// denial also covers a request of several hits, and, in the Redis store,
+// what Redis holds beyond this server's estimate. Requires r.mu held.
+func (r *replicated) atLimit(it *limit.Item, start int64) {
+	if !r.extrapolate || it.Spec.Algorithm != limit.SlidingWindow {
+		return
+	}
+	if u := r.units[it.Spec.Window]; u != nil {
+		if rh := u.nearOf(unsafe.String(unsafe.SliceData(it.Key), len(it.Key))); rh != nil {
+			rh.reached(start)
+		}
+	}
+}
+
 // reached notes that this PoP found the key at its limit in the window
 // that starts at start.
 func (rh *recentHits) reached(start int64) {
@@ -1007,6 +1024,8 @@ func (s *Memory) checkMany(now, hits int64, items []limit.Item, out []limit.Deci
 		if limit.Decide(now, hits, items, states[:], out) && out[0].Allowed {
 			s.rep.add(&items[0], &st, now, hits)
 			s.admitted()
+		} else if !out[0].Allowed {
+			s.rep.atLimit(&items[0], st.Start) // a request of several hits, as the Redis store does
 		}
 		s.rep.mu.Unlock()
 		return
@@ -1070,6 +1089,8 @@ func (s *Memory) checkMany(now, hits int64, items []limit.Item, out []limit.Deci
 			if admitted && out[i].Allowed {
 				s.rep.add(&items[i], states[i], now, hits)
 				s.admitted()
+			} else if !out[i].Allowed && !items[i].Shadow {
+				s.rep.atLimit(&items[i], states[i].Start)
 			}
 			continue
 		}
