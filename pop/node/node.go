@@ -511,6 +511,9 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.
 			Buckets: []float64{-20, -10, -5, -2, -1, 0, 1, 2, 5, 10, 20, 50, 100},
 		}, []string{"scope"})
 		reg.MustRegister(over)
+		for _, sc := range []limit.Scope{limit.ScopeRegion, limit.ScopeGlobal} {
+			over.WithLabelValues(sc.String()) // exported from the start, at 0: alerts and dashboards find it
+		}
 		settledExcess = func(scope limit.Scope, pct float64) { over.WithLabelValues(scope.String()).Observe(pct) }
 	}
 	var rs *store.Redis
