@@ -336,11 +336,8 @@ func (r *replicated) state(it *limit.Item, now int64) limit.State {
 		// one age of their news.
 		if 8*(float64(st.Prev)*prevWeight(now, start, w)+float64(st.Cur)+1) > float64(it.Spec.Limit) {
 			st.Unheard = r.unheard(u, key, ho, hr, start, w, now, in)
-			if rh := u.nearOf(key); rh != nil && it.Spec.Algorithm == limit.SlidingWindow {
+			if rh := u.nearOf(key); rh != nil && settles(it) {
 				st.Unheard = max(st.Unheard+r.settle(u, rh, ho, hr, it.Spec.Limit, start, w, now, in), 0)
-				if est := float64(st.Prev)*prevWeight(now, start, w) + float64(st.Cur) + st.Unheard; est+1 > float64(it.Spec.Limit) {
-					rh.reached(start)
-				}
 			}
 		}
 	}
@@ -541,14 +538,18 @@ func (r *replicated) settle(u *unitCounts, rh *recentHits, ho, hr crdt.KeyHash, 
 	return rh.correction
 }
 
+// settles reports whether settle steers the guess of item: a sliding window
+// (see settle's constants for why not a fixed one).
+func settles(it *limit.Item) bool { return it.Spec.Algorithm == limit.SlidingWindow }
+
 // atLimit notes that this PoP found item's key at its limit in the window
-// that starts at start, when it keeps recent hits of the key near its
-// limit and settle goes by the item's window (sliding): a check denied it.
-// state notes the same where the estimate leaves no room for one hit; a
-// denial also covers a request of several hits, and, in the Redis store,
-// what Redis holds beyond this server's estimate. Requires r.mu held.
+// that starts at start — a check denied it — when it keeps recent hits of
+// the key near its limit and settle steers the item. Both stores call it
+// on a denial: the embedded store's decides on its estimate, the Redis
+// store's on what Redis holds, which for a PoP of several servers is more
+// than a server's estimate counts. Requires r.mu held.
 func (r *replicated) atLimit(it *limit.Item, start int64) {
-	if !r.extrapolate || it.Spec.Algorithm != limit.SlidingWindow {
+	if !r.extrapolate || !settles(it) {
 		return
 	}
 	if u := r.units[it.Spec.Window]; u != nil {
@@ -1025,7 +1026,7 @@ func (s *Memory) checkMany(now, hits int64, items []limit.Item, out []limit.Deci
 			s.rep.add(&items[0], &st, now, hits)
 			s.admitted()
 		} else if !out[0].Allowed {
-			s.rep.atLimit(&items[0], st.Start) // a request of several hits, as the Redis store does
+			s.rep.atLimit(&items[0], st.Start)
 		}
 		s.rep.mu.Unlock()
 		return
