@@ -329,7 +329,9 @@ func TestBitsSnapshot(t *testing.T) {
 	fra := startBitPoP(t, c, topo, "eu", "fra1")
 	b := fra.bits.Issue("api_key=old", scopeGlobal, time.Now().Add(time.Minute))
 	if _, err := waitFor(time.Second, func() error {
-		if st := fra.rep.Stats(); st.PublishedBits == 0 || st.SkippedOwn == 0 {
+		// The read-back is counted as it arrives, its sequence once the
+		// run loop takes it: par1 must start past the batch.
+		if st := fra.rep.Stats(); st.PublishedBits == 0 || st.SkippedOwn == 0 || st.LastAppliedSeq == 0 {
 			return fmt.Errorf("bit not published and read back yet: %+v", st)
 		}
 		return nil
