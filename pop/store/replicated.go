@@ -221,6 +221,10 @@ type recentHits struct {
 	correction     float64
 	popAt          [2]int64
 	popN           [2]uint64
+	// win is the start of the window of the latest admission; lastBefore
+	// is when the latest admission before that window was (0: none
+	// remembered), and totalBefore the running total after it (see since).
+	win, lastBefore, totalBefore int64
 }
 
 const recentLen = 32
@@ -228,7 +232,13 @@ const recentLen = 32
 // recentIdle is how long a key's recentHits outlive its last admission.
 const recentIdle = int64(10 * time.Second)
 
-func (r *recentHits) add(now, hits int64) {
+// add remembers an admission of hits at now, in the window that starts at
+// start.
+func (r *recentHits) add(now, start, hits int64) {
+	if start > r.win {
+		r.win = start
+		r.lastBefore, r.totalBefore = r.last(), r.sum
+	}
 	r.sum += hits
 	r.at[r.next], r.total[r.next] = now, r.sum
 	r.next = (r.next + 1) % recentLen
@@ -241,6 +251,16 @@ func (r *recentHits) add(now, hits int64) {
 // age of news from another continent is 50–150 ms, and counting only what
 // the ring held took a third of the hits for the whole age (spray's worst,
 // 6.6%).
+//
+// But never more than were admitted since the window began when t is after
+// the latest admission before it: the ring then holds hits the window's
+// start let in after a pause, and their rate is not the rate over t's span.
+// Traced on anycast: the room closed half-way through a window and opened
+// at the next; 32 admissions in its first 67 ms filled the ring, and the
+// hits since a stalled replica's news 443 ms back, which were those 32,
+// came out as 224 — the mirror then guessed 70 hits for each of two
+// replicas that had admitted a few, and the PoP denied at its limit's
+// estimate less a tenth.
 func (r *recentHits) since(t, now int64) float64 {
 	for k := 1; k <= r.n; k++ {
 		i := (r.next - k + recentLen) % recentLen
@@ -257,7 +277,11 @@ func (r *recentHits) since(t, now int64) float64 {
 	if span <= 0 {
 		return held
 	}
-	return held * float64(now-t) / float64(span)
+	g := held * float64(now-t) / float64(span)
+	if r.lastBefore != 0 && r.lastBefore <= t {
+		g = min(g, float64(r.sum-r.totalBefore))
+	}
+	return g
 }
 
 // last returns when the latest admission was, or 0.
@@ -902,7 +926,7 @@ func (r *replicated) add(it *limit.Item, st *limit.State, now, hits int64) {
 	if near && rh.near == 0 {
 		rh.near = now
 	}
-	rh.add(now, hits)
+	rh.add(now, st.Start, hits)
 }
 
 // nearOf returns the recent hits of key in u when the key is near its limit
@@ -968,6 +992,9 @@ func (r *recentHits) shift(d int64) {
 		r.at[(r.next-1-i+2*recentLen)%recentLen] += d
 	}
 	r.from += d
+	if r.lastBefore != 0 {
+		r.lastBefore += d
+	}
 	if r.near != 0 {
 		r.near += d
 	}
