@@ -91,7 +91,12 @@ func (s *Redis) estimated(now, hits int64, items []limit.Item, out []limit.Decis
 	e.mu.Lock()
 	for i := range items {
 		if out[i].Allowed && !items[i].Shadow && s.replicates(&items[i]) {
-			e.add(&items[i], &sts[i], now, hits)
+			// The state as the embedded store's decision leaves it, the
+			// hits counted (limit.Decide): add goes by it.
+			st := sts[i]
+			items[i].Spec.Advance(&st, now)
+			items[i].Spec.Add(&st, now, hits)
+			e.add(&items[i], &st, now, hits)
 		}
 	}
 	e.mu.Unlock()
