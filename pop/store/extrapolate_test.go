@@ -322,6 +322,49 @@ func TestFirstNewsRate(t *testing.T) {
 	}
 }
 
+// TestFirstNewsPace: a replica that has told of one hit of a key new to
+// this PoP too is guessed closer to the pace at which this PoP admits the
+// key than to what that one hit says. a admits a key of 40 a second at 50
+// a second, one hit each 20 ms from 10 ms into the window; b's first news,
+// stamped 20 ms in, tells of one hit and takes 150 ms to arrive. By its one
+// hit b runs at ½ hit in 20 ms, 25 a second: 3.75 hits over the 150 ms age.
+// Taken with paceHits hits at a's pace it runs at 20.5 hits in 420 ms, 49
+// a second: 7.3 hits. Where a admitted the key in the previous window too,
+// the key is not new to it, there is no such pace, and b's one hit stands.
+func TestFirstNewsPace(t *testing.T) {
+	ms := int64(time.Millisecond)
+	it := perSecond(limit.SlidingWindow, 40, "pace")
+	t0 := limit.WindowStart(limittest.T0.Add(10*time.Second).UnixNano(), it.Spec.Window)
+	unheard := func(before bool) float64 {
+		t.Helper()
+		s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+		if before && admit(t, s, t0-500*ms, it, 1) != 1 {
+			t.Fatal("a's hit in the previous window denied")
+		}
+		for at := t0 + 10*ms; at < t0+200*ms; at += 20 * ms {
+			if at == t0+170*ms {
+				s.ApplyAt(at, t0+20*ms, []crdt.Slot{{Key: string(it.Key), Window: t0, Replica: "b", Count: 1}})
+			}
+			if admit(t, s, at, it, 1) != 1 {
+				t.Fatalf("a's hit at %v denied", time.Duration(at-t0))
+			}
+		}
+		s.rep.mu.Lock()
+		defer s.rep.mu.Unlock()
+		return s.rep.state(&it, t0+200*ms).Unheard
+	}
+	own := 0.5 / 20 * 150 // b's one hit, over the 150 ms age
+	if got := unheard(true); math.Abs(got-own) > 1e-4 {
+		t.Errorf("key not new to a: Unheard = %v, want %v (b's one hit)", got, own)
+	}
+	// a began to remember the key at its second hit, 30 ms in: 8.5 hits
+	// since in 170 ms, 50 a second.
+	paced := (0.5 + paceHits) / (20 + paceHits/0.05) * 150
+	if got := unheard(false); math.Abs(got-paced) > 1e-4 {
+		t.Errorf("key new to a: Unheard = %v, want %v (b's one hit with %v at a's pace; by it alone %v)", got, paced, paceHits, own)
+	}
+}
+
 // TestRecentSince checks what recentHits remembers: exactly what was admitted
 // after an instant its ring reaches back to, and an extrapolation at the
 // ring's rate past it.
@@ -390,7 +433,9 @@ func TestMirrorNeedsMemory(t *testing.T) {
 	t0 := limittest.T0.UnixNano() // a window starts here; the key starts with it
 	s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
 	// a admits 10 in the first 100 ms (one each 10 ms): not near the limit
-	// yet, so it remembers none of them.
+	// yet. It remembers them from the fourth, 30 ms in (a key new in its
+	// window is remembered from a 32nd of its limit: newPace), but the
+	// mirror goes by when the key came near.
 	for i := range int64(10) {
 		if admit(t, s, t0+i*10*ms, it, 1) != 1 {
 			t.Fatal("denied far from the limit")
@@ -407,11 +452,13 @@ func TestMirrorNeedsMemory(t *testing.T) {
 	st := s.rep.state(&it, t0+260*ms)
 	s.rep.mu.Unlock()
 	// b's news is 100 ms old (110 ms, capped at its delay while no gap
-	// between its messages is known); a remembers only 5 ms of that. By
-	// b's own rate: 14.5 hits in 150 ms, times 100 ms.
-	want := 14.5 / 150 * 100
+	// between its messages is known); a remembers only 5 ms of that as
+	// near. By b's own rate, 14.5 hits in 150 ms, taken with paceHits
+	// hits at a's pace since it began to remember the key (7.5 hits in
+	// 230 ms: the key is new to a, see TestFirstNewsPace), times 100 ms.
+	want := (14.5 + paceHits) / (150 + paceHits*230/7.5) * 100
 	if d := st.Unheard - want; d > 1e-4 || d < -1e-4 { // ns stamps as float64 are off by ~256 ns
-		t.Fatalf("Unheard = %v, want %v (b's own rate); mirroring a's one remembered hit says 1.5", st.Unheard, want)
+		t.Fatalf("Unheard = %v, want %v (b's own rate with a's pace); mirroring a's one remembered hit says 1.5", st.Unheard, want)
 	}
 }
 
@@ -822,6 +869,86 @@ func TestNeverHeardReplica(t *testing.T) {
 		if got, _ := unheard([]string{"a", "b", "c"}, at); math.Abs(got-want) > 1e-9 {
 			t.Errorf("at %v, c never heard: Unheard = %v, want %v (b told %v, guessed %v)", time.Duration(at-t0), got, want, told, alone)
 		}
+	}
+}
+
+// TestReplicaBeforeOnset: a admits a key, one hit each 10 ms from the
+// start of a window, and b tells of it every 10 ms (5 ms on the way): 10
+// hits at once, then 50 a second. c's
+// latest news, of another key, was stamped 50 ms before the key began and
+// took 80 ms to arrive; its presence beacons keep coming, so it is not held
+// up. Its news cannot have told of the key, so from when a began to
+// remember the key until c's first news of it could have come (one flush,
+// its 80 ms delay and beforeSlack later) c counts as b does: b's count plus
+// b's guess. After that c's silence says it had none. A c heard from after
+// a began to remember the key told nothing of it when it could have, and
+// counts for none.
+func TestReplicaBeforeOnset(t *testing.T) {
+	ms := int64(time.Millisecond)
+	it := perSecond(limit.SlidingWindow, 100, "onset")
+	other := perSecond(limit.SlidingWindow, 100, "other")
+	w := it.Spec.Window
+	t0 := limit.WindowStart(limittest.T0.Add(30*time.Second).UnixNano(), w)
+	// unheard runs the key until off after a began to remember it and
+	// returns Unheard then and b's count. c's news is stamped when cSent
+	// says, given that instant (0 while unknown); 0: not yet. With cSent
+	// nil there is no c.
+	unheard := func(cSent func(from int64) int64, off int64) (float64, uint64) {
+		t.Helper()
+		s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+		var from, sent, told int64
+		for at := t0 - time.Second.Nanoseconds(); ; at += 5 * ms {
+			if cSent != nil && (at-t0)%(500*ms) == 0 {
+				s.BeaconAt(at, "c")
+			}
+			if u := s.rep.units[w]; from == 0 && u != nil && u.recent[string(it.Key)] != nil {
+				from = u.recent[string(it.Key)].from
+			}
+			if sent == 0 && cSent != nil {
+				sent = cSent(from)
+			}
+			if sent != 0 && at == sent+80*ms {
+				s.ApplyAt(at, sent, []crdt.Slot{{Key: string(other.Key), Window: limit.WindowStart(sent, w), Replica: "c", Count: 1}})
+			}
+			if from != 0 && at >= from+off {
+				s.rep.mu.Lock()
+				defer s.rep.mu.Unlock()
+				return s.rep.state(&it, at).Unheard, uint64(told)
+			}
+			if at >= t0 && (at-t0)%(10*ms) == 0 {
+				if at > t0 {
+					told = 10 + (at-5*ms-t0)/(20*ms) // 10, then 50 a second
+					s.ApplyAt(at, at-5*ms, []crdt.Slot{{Key: string(it.Key), Window: t0, Replica: "b", Count: uint64(told)}})
+				}
+				if admit(t, s, at, it, 1) != 1 {
+					t.Fatalf("a's hit at %v denied", time.Duration(at-t0))
+				}
+			}
+		}
+	}
+	early := func(int64) int64 { return t0 - 50*ms }
+	late := func(from int64) int64 {
+		if from == 0 {
+			return 0
+		}
+		return from + 5*ms
+	}
+	for _, off := range []int64{100 * ms, 230 * ms} {
+		fresh, told := unheard(nil, off)
+		if fresh <= 0 {
+			t.Fatalf("+%v: Unheard without c = %v, want b's guess > 0", time.Duration(off), fresh)
+		}
+		want := fresh // past the time c's first news of the key could take
+		if off < 80*ms+int64(firstNewsSpan+beforeSlack) {
+			want = fresh + float64(told) + fresh
+		}
+		if got, _ := unheard(early, off); math.Abs(got-want) > 1e-9 {
+			t.Errorf("+%v, c heard before the key began: Unheard = %v, want %v (b told %d, guessed %v)", time.Duration(off), got, want, told, fresh)
+		}
+	}
+	fresh, _ := unheard(nil, 100*ms)
+	if got, _ := unheard(late, 100*ms); math.Abs(got-fresh) > 1e-9 {
+		t.Errorf("c heard after a began to remember the key: Unheard = %v, want %v (b's guess alone)", got, fresh)
 	}
 }
 
