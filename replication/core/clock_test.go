@@ -18,7 +18,14 @@ type clockLab struct {
 	offset []int64 // the corrections their Readies gave
 	delay  func(from, to int) int64
 	queue  []flight
-	now    int64 // true time
+	now    int64  // true time
+	moves  []move // every correction, as it came
+}
+
+type move struct {
+	at     int64 // true time
+	pop    int
+	offset int64
 }
 
 type flight struct {
@@ -94,6 +101,7 @@ func (l *clockLab) drain(i int) {
 		}
 		if rd.ClockChanged {
 			l.offset[i] = rd.ClockOffset
+			l.moves = append(l.moves, move{l.now, i, rd.ClockOffset})
 		}
 		c.Advance(rd)
 	}
@@ -121,6 +129,35 @@ func TestClockAgreement(t *testing.T) {
 		if d := lab.clock(i) - lab.clock(0); d > int64(2*ms) || d < -int64(2*ms) {
 			t.Errorf("PoP %d's clock is %v from PoP 0's", i, time.Duration(d))
 		}
+	}
+}
+
+// TestClockUnsureStart: four PoPs whose clocks agree, two on each side of a
+// link whose first beacons one way are held 180 ms behind a lost message.
+// Each side takes the other's clock for 90 ms off, and the median of four
+// would move every clock by half that, a window boundary 90 ms apart on the
+// two sides. While a peer's filter holds fewer than clockSamples samples
+// its estimate is unsure by half its round trip, which the move is not
+// past: no clock moves. A clock 300 ms off still moves at once.
+func TestClockUnsureStart(t *testing.T) {
+	ms := int64(time.Millisecond)
+	lab := newClockLab(t, []time.Duration{0, 0, 0, 0}, nil)
+	lab.delay = func(from, to int) int64 {
+		d := 20*ms + int64((from*7+to*3)%5)*ms
+		if from < 2 && to >= 2 && lab.now < t0+150*ms {
+			d += 180 * ms // held behind a retransmission
+		}
+		return d
+	}
+	lab.run(2 * time.Second)
+	for _, m := range lab.moves {
+		t.Errorf("PoP %d moved its clock to %v at +%v", m.pop, time.Duration(m.offset), time.Duration(m.at-t0))
+	}
+
+	lab = newClockLab(t, []time.Duration{0, 0, 0, 300 * time.Millisecond}, nil)
+	lab.run(200 * time.Millisecond)
+	if got := lab.offset[3]; got > -298*ms || got < -302*ms {
+		t.Errorf("the PoP 300 ms ahead: correction %v after 200 ms, want −300ms", time.Duration(got))
 	}
 }
 
