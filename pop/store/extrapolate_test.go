@@ -136,8 +136,9 @@ func TestExtrapolationMirror(t *testing.T) {
 	s.rep.mu.Lock()
 	st := s.rep.state(&it, t0)
 	s.rep.mu.Unlock()
-	// b's part equals a's (45 against 45 before the last 100 ms), so b
-	// admitted as a did since: 10. Its rate over the window would say 4.5.
+	// b's part equals a's (45 and a tenth of 10 against the same before
+	// the last 100 ms), so b admitted as a did since: 10. Its rate over
+	// the window would say about 4.6.
 	if d := st.Unheard - 10; d > 1e-9 || d < -1e-9 {
 		t.Fatalf("Unheard = %v, want 10", st.Unheard)
 	}
@@ -146,7 +147,8 @@ func TestExtrapolationMirror(t *testing.T) {
 // mirrored makes a store of replica a, per second limit 120, at t0 (900 ms
 // into a window): b counted 40 then 45 of the key, stamped 200 and 100 ms
 // before t0 and applied 50 ms later; a admitted 45 at t0−500 ms and 10 at
-// t0−10 ms.
+// t0−10 ms. Each admitted 10 in the previous window: the key is not new to
+// a, which would not mirror in the key's first window (TestMirrorEvidence).
 func mirrored(t *testing.T, cfg MemoryConfig) (*Memory, limit.Item, int64) {
 	t.Helper()
 	ms := int64(time.Millisecond)
@@ -155,6 +157,10 @@ func mirrored(t *testing.T, cfg MemoryConfig) (*Memory, limit.Item, int64) {
 	t0 := limittest.T0.Add(10*time.Second + 900*time.Millisecond).UnixNano()
 	start := limit.WindowStart(t0, w)
 	s := NewMemory(cfg)
+	s.ApplyAt(start-500*ms, start-550*ms, []crdt.Slot{{Key: string(it.Key), Window: start - w, Replica: "b", Count: 10}})
+	if n := admit(t, s, start-500*ms, it, 10); n != 10 {
+		t.Fatalf("admitted %d of the previous window's 10", n)
+	}
 	s.ApplyAt(t0-150*ms, t0-200*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 40}})
 	s.ApplyAt(t0-50*ms, t0-100*ms, []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 45}})
 	if n := admit(t, s, t0-500*ms, it, 45); n != 45 {
@@ -954,28 +960,36 @@ func TestReplicaBeforeOnset(t *testing.T) {
 
 // TestMirrorEvidence: a client within its limit of 100 a minute, its
 // requests spread over PoPs a and b: b has counted 78 of them, a 18 over
-// the first 40 s of the window and one more 20 ms before a check 50 s in;
-// b's news comes every 100 ms, 40 ms on the way. The one hit a admitted in
-// the age of b's news says nothing of the room opening: b is guessed at
-// its own rate (a fraction of a hit), and the client's next request, its
-// 98th, is admitted. Scaled by b's part against a's (78/18) that hit was
-// four more of b's, and the request was denied. Two hits in the age are
-// taken for the room opening, and the mirror holds.
+// the first 40 s of the window and one more 20 ms before a check 50 s in
+// (and 3 in the previous window); b's news comes every 100 ms, 40 ms on the
+// way. The one hit a admitted in the age of b's news says nothing of the
+// room opening: b is guessed at its own rate (a fraction of a hit), and
+// the client's next request, its 98th, is admitted. Scaled by b's part
+// against a's (78/18) that hit was four more of b's, and the request was
+// denied. Two hits in the age are taken for the room opening, and the
+// mirror holds — but not in the key's first window at a (none of it in the
+// previous window), where no room has opened: b is guessed at its rate
+// again.
 func TestMirrorEvidence(t *testing.T) {
 	ms := int64(time.Millisecond)
 	t0 := limittest.T0.Add(10*time.Minute + 50*time.Second).UnixNano() // 50 s into a window
 	start := limit.WindowStart(t0, int64(time.Minute))
 	for _, c := range []struct {
 		name   string
-		recent int // a's hits in the last 20 ms before the check
+		recent int  // a's hits in the last 20 ms before the check
+		before bool // a admitted the key in the previous window
 		mirror bool
 	}{
-		{"one hit", 1, false},
-		{"two hits", 2, true},
+		{"one hit", 1, true, false},
+		{"two hits", 2, true, true},
+		{"two hits, first window", 2, false, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			it := windowItem(rules.Minute, limit.SlidingWindow, limit.ScopeGlobal, 100, "evidence")
 			s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+			if c.before && admit(t, s, start-30*int64(time.Second), it, 3) != 3 {
+				t.Fatal("a's hits in the previous window denied")
+			}
 			slot := []crdt.Slot{{Key: string(it.Key), Window: start, Replica: "b", Count: 78}}
 			s.ApplyAt(start+time.Second.Nanoseconds(), start+time.Second.Nanoseconds()-40*ms, slot)
 			for i := range int64(18) {
@@ -997,7 +1011,11 @@ func TestMirrorEvidence(t *testing.T) {
 			// b's own rate over the 100 ms age of its news: 78 in the
 			// 50 s of the window before it.
 			rate := 78 * 0.1 / 50
-			mirror := float64(c.recent) * 78 / float64(18)
+			then := 18.0 // what a admitted before the age: its 18, and a sixth of the previous window's 3
+			if c.before {
+				then += 0.5
+			}
+			mirror := float64(c.recent) * 78 / then
 			t.Logf("guessed %.2f of b (its rate: %.2f, the mirror: %.2f)", st.Unheard, rate, mirror)
 			if c.mirror {
 				if st.Unheard < 0.9*mirror {
@@ -1006,7 +1024,7 @@ func TestMirrorEvidence(t *testing.T) {
 				return
 			}
 			if st.Unheard > 2*rate {
-				t.Fatalf("Unheard = %.2f after one hit in the age: more than b's rate gives (%.2f)", st.Unheard, rate)
+				t.Fatalf("Unheard = %.2f after %d hits in the age: more than b's rate gives (%.2f)", st.Unheard, c.recent, rate)
 			}
 			if admit(t, s, t0, it, 1) != 1 {
 				t.Fatal("the client's 98th request of the minute denied")
