@@ -85,10 +85,12 @@ const (
 	// see before): world 5.38 (14) → 3.67 (5)%, world-quiet 7.50 (20) →
 	// 4.08 (6)%, world-anycast 7.46 (9) → 6.79 (8)%, anycast 1.75 (3.2) →
 	// 1.80 (3.2)%; false denials within a point of one central store's.
-	// With 6 / 10 / 40 / 100 hits, and the pace floored rather than
-	// required (a burst then read as a fast pace): world 4.21 / 3.96 /
-	// 3.75 / 3.92%, world-quiet 5.38 / 4.71 / 4.21 / 4.08%, anycast 1.81 /
-	// 1.89 / 1.87 / 2.04%. Taken only where it raises the guess, anycast
+	// On an earlier form of the pace (the larger of this PoP's count over
+	// the window so far and its hits over at least paceFloor since it
+	// began to remember the key: a burst read as a fast pace, a key begun
+	// late in a window as a slow one), with 6 / 10 / 20 / 40 / 100 hits:
+	// world 4.21 / 3.96 / 3.88 / 3.75 / 3.92%, world-quiet 5.38 / 4.71 /
+	// 4.17 / 4.21 / 4.08%, anycast 1.81 / 1.89 / 1.89 / 1.87 / 2.04%. Taken only where it raises the guess, anycast
 	// went to 2.17 (6.0)%: a replica with less demand than this PoP's
 	// pace is then guessed at it, and this PoP held back.
 	paceHits  = 20.0
