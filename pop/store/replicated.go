@@ -1406,13 +1406,14 @@ func (r *replicated) misses(remote []crdt.Slot, now, sent int64) []estimateMiss 
 		}
 		scope, _ := rules.KeyScope(sl.Key)
 		weight := prevWeight(now, start, w)
-		mine := u.ownSliding(u.own.Key(sl.Key), start, w, weight)
+		ho := u.own.Key(sl.Key)
+		mine := u.ownSliding(ho, start, w, weight)
 		cur := u.remote.Replica(sl.Key, start, sl.Replica)
 		prev := u.remote.Replica(sl.Key, start-w, sl.Replica)
 		if sl.Count < cur {
 			continue // older news than what is held
 		}
-		g := clk.guess(cur, prev, start, w, now, rh, mine, u.newPace(u.own.Key(sl.Key), rh, start, w, now))
+		g := clk.guess(cur, prev, start, w, now, rh, mine, u.newPace(ho, rh, start, w, now))
 		// The guess runs to now; the report, to when the replica stamped
 		// it, one network delay ago. Graded against the report as it was,
 		// the estimate read as overestimated by what the replica admitted
