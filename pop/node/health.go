@@ -63,8 +63,11 @@ func (h *storeHealth) probe(now time.Time) {
 // logFailure logs err; requires mu held.
 func (h *storeHealth) logFailure(err error, now time.Time) {
 	what := "redis store unreachable"
-	if errors.Is(err, store.ErrRedisAuth) {
+	switch {
+	case errors.Is(err, store.ErrRedisAuth):
 		what = "redis store refuses authentication: check the password (--redis-password-file or the URL)"
+	case errors.Is(err, store.ErrReplicaConflict):
+		what = "redis store holds another PoP's counts: this PoP publishes nothing from it"
 	}
 	h.log.Error(what+"; not ready: fail_closed limits deny, other limits decide on this server's counts alone",
 		"err", err, "failing_for", now.Sub(h.since).Round(time.Millisecond).String(), "failed_probes", h.failures)

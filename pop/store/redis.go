@@ -231,6 +231,8 @@ type Redis struct {
 
 	rep *redisReplicated // nil without a replica name
 
+	owner ownerState // whether another replica owns the Redis (redis_owner.go)
+
 	est      *replicated  // the in-process counts and guess of unheard hits (redis_estimate.go); nil without Replica
 	estSwept atomic.Int64 // when est was last swept (store time, ns)
 
@@ -273,11 +275,12 @@ func OpenRedis(cfg RedisConfig) (*Redis, error) {
 	if cfg.ClockSource > ClockLocal {
 		return nil, fmt.Errorf("store: redis: unknown clock source %d", cfg.ClockSource)
 	}
-	client, cluster, err := newRedisClient(cfg)
+	var s *Redis
+	client, cluster, err := newRedisClient(cfg, func(ctx context.Context, cn *redis.Conn) error { return s.onConnect(ctx, cn) })
 	if err != nil {
 		return nil, err
 	}
-	s := &Redis{
+	s = &Redis{
 		client:  client,
 		cluster: cluster,
 		cfg:     cfg,
@@ -306,7 +309,12 @@ func OpenRedis(cfg RedisConfig) (*Redis, error) {
 	if cfg.ClockSource == ClockRedis {
 		_ = s.sampleClock(ctx)
 	}
+	err = s.claim(ctx, client)
 	cancel()
+	if errors.Is(err, ErrReplicaConflict) {
+		_ = client.Close()
+		return nil, err
+	}
 
 	s.wg.Add(cfg.Pipelines)
 	for range cfg.Pipelines {
@@ -319,8 +327,9 @@ func OpenRedis(cfg RedisConfig) (*Redis, error) {
 	return s, nil
 }
 
-// newRedisClient builds the go-redis client for cfg.URL.
-func newRedisClient(cfg RedisConfig) (redis.UniversalClient, bool, error) {
+// newRedisClient builds the go-redis client for cfg.URL. A standalone
+// server's client calls onConnect on every new connection (redis_owner.go).
+func newRedisClient(cfg RedisConfig, onConnect func(context.Context, *redis.Conn) error) (redis.UniversalClient, bool, error) {
 	u := strings.TrimSpace(cfg.URL)
 	if u == "" {
 		return nil, false, errors.New("store: redis: empty URL")
@@ -378,6 +387,7 @@ func newRedisClient(cfg RedisConfig) (redis.UniversalClient, bool, error) {
 	if opt.PipelinePoolSize == 0 {
 		opt.PipelinePoolSize = noPipelinePool
 	}
+	opt.OnConnect = onConnect
 	return redis.NewClient(opt), false, nil
 }
 
@@ -452,6 +462,9 @@ func (s *Redis) CheckAt(ctx context.Context, now, hits int64, items []limit.Item
 	}
 	if s.closed.Load() {
 		return ErrClosed
+	}
+	if err := s.ownerConflict(); err != nil {
+		return err
 	}
 	now = s.DecisionTime(now)
 	if err := validateRedisCheck(now, hits, items, out); err != nil {

@@ -13,13 +13,18 @@ import (
 var ErrRedisAuth = errors.New("redis refused authentication")
 
 // Ping asks the server (in a Cluster, one node) whether it answers and
-// accepts this store's credentials, within ctx. It returns nil, an error
+// accepts this store's credentials, and whether it is this store's
+// replica's (redis_owner.go), within ctx. It returns nil, an error wrapping
+// ErrReplicaConflict when another replica's counts are in it, an error
 // wrapping ErrRedisAuth when the server refuses the credentials (WRONGPASS,
 // NOAUTH), or the connection error. It never blocks a check, and the errors
 // it returns never contain the password.
 func (s *Redis) Ping(ctx context.Context) error {
 	err := s.client.Ping(ctx).Err()
 	if err == nil {
+		if err := s.claim(ctx, s.client); errors.Is(err, ErrReplicaConflict) {
+			return err
+		}
 		return nil
 	}
 	if isAuthError(err) {

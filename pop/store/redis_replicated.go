@@ -263,6 +263,9 @@ func (s *Redis) ownSlots(ctx context.Context, delta bool) ([]crdt.Slot, error) {
 	if r == nil {
 		return nil, nil
 	}
+	if err := s.ownerConflict(); err != nil {
+		return nil, err // what Redis holds is not this PoP's count alone
+	}
 	type pending struct {
 		tk trackKey
 		t  ownTrack
@@ -545,6 +548,9 @@ func (s *Redis) ApplyCtx(ctx context.Context, remote []crdt.Slot) error {
 	if r == nil {
 		return nil
 	}
+	if err := s.ownerConflict(); err != nil {
+		return err // the next snapshot repairs what is not merged
+	}
 	now := s.now()
 	var args []mergeArg
 	var kbuf []byte
@@ -597,6 +603,9 @@ func (s *Redis) RemoteCtx(ctx context.Context) ([]crdt.Slot, error) {
 	r := s.rep
 	if r == nil {
 		return nil, nil
+	}
+	if err := s.ownerConflict(); err != nil {
+		return nil, err
 	}
 	now := s.now()
 	type pending struct {
