@@ -27,6 +27,9 @@ func (s *Redis) Ping(ctx context.Context) error {
 		}
 		return nil
 	}
+	if conflict := s.ownerConflict(); conflict != nil && errors.Is(err, ErrReplicaConflict) {
+		return conflict // a new connection's check found it (onConnect)
+	}
 	if isAuthError(err) {
 		return fmt.Errorf("%w: %v", ErrRedisAuth, err)
 	}

@@ -103,8 +103,8 @@ func TestRedisOwnerConflictAfterRestart(t *testing.T) {
 	if !errors.Is(err, ErrReplicaConflict) {
 		t.Fatalf("check on a Redis eu-2 claimed: err = %v, want ErrReplicaConflict", err)
 	}
-	if err := a.Ping(context.Background()); !errors.Is(err, ErrReplicaConflict) {
-		t.Fatalf("Ping: %v, want ErrReplicaConflict", err)
+	if err := a.Ping(context.Background()); !errors.Is(err, ErrReplicaConflict) || !strings.Contains(err.Error(), `"eu-2"`) {
+		t.Fatalf("Ping: %v, want ErrReplicaConflict naming eu-2", err)
 	}
 	if d, err := a.DeltaCtx(context.Background()); !errors.Is(err, ErrReplicaConflict) || len(d) != 0 {
 		t.Fatalf("Delta in conflict = %v, %v; want nothing and ErrReplicaConflict", d, err)
