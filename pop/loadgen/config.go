@@ -66,7 +66,7 @@ type Config struct {
 	Keys        int           // distinct values for Uniform/Zipf, default 100000
 	ZipfS       float64       // Zipf exponent s > 1, default 1.1
 	Batch       int           // 0: single checks to /v1/check; N > 0: N checks per request to /v1/check/batch
-	Seed        uint64        // seeds value choice; worker i uses Seed+i, so runs are reproducible
+	Seed        uint64        // seeds value choice; worker i draws from its own generator seeded with Seed+i, so runs are reproducible
 	// GRPC, when set, is the host:port of a PoP's gRPC rate limit service
 	// (--grpc-listen): each worker then sends single-check ShouldRateLimit
 	// calls, one in flight, and URL and Batch are unused.
@@ -76,7 +76,7 @@ type Config struct {
 	// GRPCConns), as Envoy calls a rate limit service over a few
 	// connections; 0 means one connection per worker. At most Concurrency.
 	GRPCConns int
-	// RawGRPC, with GRPC, sends the calls as pre-rendered gRPC messages in
+	// RawGRPC, with GRPC, sends the calls as hand-encoded gRPC messages in
 	// HTTP/2 frames on raw connections, reading each answer only as far as
 	// grpc-status and overall_code, instead of through grpc-go's client,
 	// which costs about as much CPU as the server it measures. A connection

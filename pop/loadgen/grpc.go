@@ -48,24 +48,27 @@ func runGRPC(ctx context.Context, t *target) (Report, error) {
 		return Report{}, fmt.Errorf("loadgen: cannot call %s: %w", t.addr, err)
 	}
 
+	keys := newKeySet(keySpace(cfg))
 	calls := make([]func(context.Context) (int, error), len(workers))
 	for i := range workers {
 		client := rlsv3.NewRateLimitServiceClient(conns[i%nconns])
-		next := values(cfg, i)
+		draw := newDrawer(cfg, i)
 		var val []byte
 		calls[i] = func(ctx context.Context) (int, error) {
-			val = next(val[:0])
+			k := draw.next()
+			val = appendValue(val[:0], cfg.Dist, k)
 			resp, err := client.ShouldRateLimit(ctx, request(cfg, string(val)))
 			if err != nil {
 				return 0, err
 			}
+			keys.add(k) // answered, so sent: grpc-go does not say whether a failed call was
 			if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
 				return 429, nil
 			}
 			return 200, nil
 		}
 	}
-	return callLoop(ctx, cfg, workers, calls, nil), nil
+	return callLoop(ctx, cfg, workers, keys, calls, nil), nil
 }
 
 // grpcConns is how many connections the gRPC calls spread over: GRPCConns,
@@ -84,7 +87,7 @@ func (cfg *Config) grpcConns() int {
 // apart from one that failed; a failed call's worker stops when gone(i)
 // says its connection is gone for good (nil: never). onEnd, when set, runs
 // once the run's time is up, to wake calls waiting on something else.
-func callLoop(ctx context.Context, cfg *Config, workers []*worker, calls []func(context.Context) (int, error), gone func(i int) bool, onEnd ...func()) Report {
+func callLoop(ctx context.Context, cfg *Config, workers []*worker, keys *keySet, calls []func(context.Context) (int, error), gone func(i int) bool, onEnd ...func()) Report {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var over atomic.Bool
@@ -122,7 +125,7 @@ func callLoop(ctx context.Context, cfg *Config, workers []*worker, calls []func(
 		})
 	}
 	wg.Wait()
-	return report(time.Since(start), workers)
+	return report(time.Since(start), cfg, workers, keys)
 }
 
 // request is one check of value in cfg's domain and key.

@@ -113,8 +113,8 @@ func TestRunGRPC(t *testing.T) {
 				if s.status[429] < 150 || s.status[429] > 450 { // 10 of 50 values → ~300
 					t.Errorf("OVER_LIMIT answers %d, want ~300", s.status[429])
 				}
-				if len(s.values) < 48 || len(s.values) > 50 {
-					t.Errorf("%d distinct values, want close to 50", len(s.values))
+				if len(s.values) < 48 || len(s.values) > 50 || rep.DistinctKeys != int64(len(s.values)) || rep.KeySpace != 50 {
+					t.Errorf("%d distinct values, want close to 50; report: %d distinct of %d", len(s.values), rep.DistinctKeys, rep.KeySpace)
 				}
 				if n := ln.n.Load(); n != int64(tc.wantConns) {
 					t.Errorf("server accepted %d connections, want %d", n, tc.wantConns)

@@ -23,12 +23,13 @@ const shouldRateLimitPath = "/envoy.service.ratelimit.v3.RateLimitService/Should
 // which responses of a few hundred bytes never come near per stream.
 const h2RecvWindow = 65535
 
-// runH2 is runGRPC with a lean client: the calls are pre-rendered gRPC
-// messages written as HTTP/2 frames on raw connections (golang.org/x/net's
-// framer and HPACK), and an answer is read only as far as grpc-status and
-// overall_code. It keeps the generator's CPU from hiding the server's, as
-// the HTTP generator's pre-built requests do, where grpc-go's client spends
-// about as much as the server it measures.
+// runH2 is runGRPC with a lean client: the calls are gRPC messages encoded
+// by hand into a reused buffer (renderer) and written as HTTP/2 frames on
+// raw connections (golang.org/x/net's framer and HPACK), and an answer is
+// read only as far as grpc-status and overall_code. It keeps the
+// generator's CPU from hiding the server's, as the HTTP generator's lean
+// requests do, where grpc-go's client spends about as much as the server it
+// measures.
 func runH2(ctx context.Context, t *target) (Report, error) {
 	cfg := &t.cfg
 	nconns := cfg.grpcConns()
@@ -60,20 +61,21 @@ func runH2(ctx context.Context, t *target) (Report, error) {
 		return Report{}, fmt.Errorf("loadgen: cannot call %s: %w", t.addr, err)
 	}
 
+	keys := newKeySet(keySpace(cfg))
 	workers := make([]*worker, cfg.Concurrency)
 	for i := range workers {
-		ring, err := renderGRPCRing(t, i)
-		if err != nil {
-			return Report{}, err
-		}
-		workers[i] = &worker{ring: ring}
+		workers[i] = &worker{req: newRenderer(t, i, keys)}
 	}
 	calls := make([]func(context.Context) (int, error), len(workers))
 	for i, w := range workers {
-		c, mask, n := conns[i%nconns], len(w.ring)-1, 0
+		c := conns[i%nconns]
 		calls[i] = func(ctx context.Context) (int, error) {
-			n++
-			return c.call(ctx, w.ring[(n-1)&mask])
+			cl, err := c.send(ctx, w.req.render())
+			if err != nil {
+				return 0, err
+			}
+			w.req.sent()
+			return c.wait(ctx, cl)
 		}
 	}
 	gone := func(i int) bool { return conns[i%nconns].failed() }
@@ -85,32 +87,7 @@ func runH2(ctx context.Context, t *target) (Report, error) {
 			c.wmu.Unlock()
 		}
 	}
-	return callLoop(ctx, cfg, workers, calls, gone, wake), nil
-}
-
-// renderGRPCRing pre-renders the gRPC messages worker idx cycles through,
-// with the values of renderRing.
-func renderGRPCRing(t *target, idx int) ([][]byte, error) {
-	c := &t.cfg
-	n := ringMax
-	if c.Dist == HotKey {
-		n = 1
-	}
-	for n > 1 && n*64*c.Concurrency > ringBudget {
-		n /= 2
-	}
-	next := values(c, idx)
-	ring := make([][]byte, n)
-	var val []byte
-	for i := range ring {
-		val = next(val[:0])
-		b, err := GRPCRequest(*c, string(val))
-		if err != nil {
-			return nil, err
-		}
-		ring[i] = b
-	}
-	return ring, nil
+	return callLoop(ctx, cfg, workers, keys, calls, gone, wake), nil
 }
 
 // h2conn is one HTTP/2 connection carrying many calls. Writes (frames,
@@ -202,12 +179,23 @@ func (c *h2conn) write(fn func() error) error {
 // call sends body, a gRPC message, as a ShouldRateLimit call and waits for
 // its answer or ctx. It returns 200 for OK and 429 for OVER_LIMIT.
 func (c *h2conn) call(ctx context.Context, body []byte) (int, error) {
+	cl, err := c.send(ctx, body)
+	if err != nil {
+		return 0, err
+	}
+	return c.wait(ctx, cl)
+}
+
+// send writes body, a gRPC message, as a ShouldRateLimit call, once the
+// connection's send window has room for it. When it returns, body has been
+// copied out and may be reused; the call's answer is for wait.
+func (c *h2conn) send(ctx context.Context, body []byte) (*h2call, error) {
 	cl := &h2call{done: make(chan error, 1)}
 	c.wmu.Lock()
 	for c.sendWin < int64(len(body)) && !c.failed() {
 		if err := ctx.Err(); err != nil {
 			c.wmu.Unlock()
-			return 0, err
+			return nil, err
 		}
 		c.window.Wait()
 	}
@@ -243,8 +231,15 @@ func (c *h2conn) call(ctx context.Context, body []byte) (int, error) {
 	c.wmu.Unlock()
 	if err != nil {
 		c.close(err)
-		return 0, err
+		return nil, err
 	}
+	return cl, nil
+}
+
+// wait waits for the answer of a call sent, or ctx. It returns 200 for OK
+// and 429 for OVER_LIMIT.
+func (c *h2conn) wait(ctx context.Context, cl *h2call) (int, error) {
+	var err error
 	select {
 	case err = <-cl.done:
 	case <-ctx.Done():

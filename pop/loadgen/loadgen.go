@@ -35,6 +35,16 @@ type Report struct {
 	Max       time.Duration `json:"max_ns"`
 	// Timeline counts decisions per Unix second, with Config.Timeline.
 	Timeline []Second `json:"timeline,omitempty"`
+
+	Seed     uint64 `json:"seed"`      // Config.Seed: the run's values are reproducible from it
+	KeySpace int64  `json:"key_space"` // values the distribution draws from: 1 for HotKey, Config.Keys otherwise
+	// DistinctKeys is how many distinct values the checks sent carried:
+	// the checks of requests written whole to the connection (grpc-go's
+	// client: of calls answered). It is exact for key spaces up to 2^27
+	// values, a HyperLogLog estimate (about 1% off) above, which
+	// DistinctEstimated says.
+	DistinctKeys      int64 `json:"distinct_keys_sent"`
+	DistinctEstimated bool  `json:"distinct_keys_estimated,omitempty"`
 }
 
 // RequestsPerSecond is Requests over Elapsed (0 when nothing elapsed).
@@ -57,6 +67,12 @@ func (r Report) String() string {
 	if r.Decisions != r.Requests {
 		fmt.Fprintf(&b, "decisions  %d  (%.0f decisions/s)\n", r.Decisions, r.DecisionsPerSecond())
 	}
+	approx := ""
+	if r.DistinctEstimated {
+		approx = "≈"
+	}
+	fmt.Fprintf(&b, "keys       distinct keys sent: %s%d of %d (%.1f%%)\n", approx, r.DistinctKeys, r.KeySpace,
+		100*float64(r.DistinctKeys)/float64(max(r.KeySpace, 1)))
 	fmt.Fprintf(&b, "latency    p50 %s  p99 %s  p99.9 %s  max %s\n", fmtDur(r.P50), fmtDur(r.P99), fmtDur(r.P999), fmtDur(r.Max))
 	codes := make([]int, 0, len(r.Status))
 	for c := range r.Status {
@@ -115,9 +131,10 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	probe.Close()
 
 	start := time.Now()
+	keys := newKeySet(keySpace(&t.cfg))
 	workers := make([]*worker, t.cfg.Concurrency)
 	for i := range workers {
-		workers[i] = &worker{ring: renderRing(&t, i), pace: newPacer(t.cfg.Rate, len(workers), i, start)}
+		workers[i] = &worker{req: newRenderer(&t, i, keys), pace: newPacer(t.cfg.Rate, len(workers), i, start)}
 		if t.cfg.Timeline {
 			workers[i].tl = timeline{}
 		}
@@ -137,12 +154,15 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		r.halt(workers)
 		<-done
 	}
-	return report(time.Since(start), workers), nil
+	return report(time.Since(start), &t.cfg, workers, keys), nil
 }
 
 // report sums the workers' counts into a Report.
-func report(elapsed time.Duration, workers []*worker) Report {
-	rep := Report{Elapsed: elapsed, Status: map[int]int64{}}
+func report(elapsed time.Duration, cfg *Config, workers []*worker, keys *keySet) Report {
+	rep := Report{Elapsed: elapsed, Status: map[int]int64{}, Seed: cfg.Seed, KeySpace: int64(keySpace(cfg))}
+	var exact bool
+	rep.DistinctKeys, exact = keys.count()
+	rep.DistinctEstimated = !exact
 	var h histogram
 	var tls []timeline
 	for _, w := range workers {
@@ -181,7 +201,7 @@ type run struct {
 // worker owns one connection. Only its goroutine touches its fields, except
 // conn, which it writes under mu so that halt can interrupt it.
 type worker struct {
-	ring [][]byte // pre-rendered requests; len is a power of two
+	req  *renderer // renders each request as it is sent; nil for grpc-go's client
 	pace pacer
 	tl   timeline // nil unless Config.Timeline
 
@@ -213,10 +233,9 @@ func (r *run) work(ctx context.Context, w *worker) {
 	defer r.setConn(w, nil)
 	cfg := &r.t.cfg
 	checks := int64(max(cfg.Batch, 1))
-	mask := len(w.ring) - 1
 	br := bufio.NewReaderSize(nil, readBufSize)
 	var backoff time.Duration
-	for i := 0; !r.stop.Load(); i++ {
+	for !r.stop.Load() {
 		if w.conn == nil {
 			c, err := r.dialer.DialContext(ctx, "tcp", r.t.addr)
 			if err != nil {
@@ -241,16 +260,20 @@ func (r *run) work(ctx context.Context, w *worker) {
 		if cfg.Requests > 0 && r.issued.Add(1) > cfg.Requests {
 			return
 		}
+		req := w.req.render()
 		if !w.pace.wait(ctx) {
 			return
 		}
 		start := time.Now()
-		_, err := w.conn.Write(w.ring[i&mask])
-		status, closeConn := 0, false
-		if err == nil {
+		_, err := w.conn.Write(req)
+		written, status, closeConn := err == nil, 0, false
+		if written {
 			status, closeConn, err = readResponse(br)
 		}
 		lat := time.Since(start)
+		if written {
+			w.req.sent()
+		}
 		if err != nil {
 			if !r.stop.Load() {
 				w.fail(err)

@@ -149,8 +149,8 @@ func TestRunHotKey(t *testing.T) {
 	rep := runBounded(t, Config{URL: srv.URL, Concurrency: 8, Requests: 2000})
 	checkReport(t, rep, s, 2000)
 	values, status, _ := s.snapshot()
-	if len(values) != 1 || values["hot"] != 2000 {
-		t.Errorf("values seen %v, want only hot x2000", values)
+	if len(values) != 1 || values["hot"] != 2000 || rep.DistinctKeys != 1 || rep.KeySpace != 1 {
+		t.Errorf("values seen %v, want only hot x2000; report: %d distinct of %d", values, rep.DistinctKeys, rep.KeySpace)
 	}
 	if status[429] != 666 || rep.Decisions != 2000 {
 		t.Errorf("429s = %d (want 666), Decisions = %d (want 2000)", status[429], rep.Decisions)
@@ -162,8 +162,8 @@ func TestRunUniform(t *testing.T) {
 	rep := runBounded(t, Config{URL: srv.URL, Concurrency: 8, Requests: 2000, Dist: Uniform, Keys: 50, Seed: 42})
 	checkReport(t, rep, s, 2000)
 	values, status, _ := s.snapshot()
-	if len(values) < 48 || len(values) > 50 {
-		t.Errorf("%d distinct values, want close to 50", len(values))
+	if len(values) < 48 || len(values) > 50 || rep.DistinctKeys != int64(len(values)) || rep.Seed != 42 {
+		t.Errorf("%d distinct values, want close to 50; report: %d distinct, seed %d", len(values), rep.DistinctKeys, rep.Seed)
 	}
 	for v, n := range values {
 		var i int
@@ -188,6 +188,9 @@ func TestRunZipf(t *testing.T) {
 		if v != "k0" && n >= values["k0"] {
 			t.Errorf("%q seen %d times, k0 only %d: rank 0 should be the most frequent", v, n, values["k0"])
 		}
+	}
+	if rep.DistinctKeys != int64(len(values)) || rep.KeySpace != 1000 {
+		t.Errorf("report: %d distinct of %d, the server saw %d", rep.DistinctKeys, rep.KeySpace, len(values))
 	}
 	if values["k0"] <= values["k1"] || values["k1"] <= values["k9"] || len(values) < 50 {
 		t.Errorf("k0 %d, k1 %d, k9 %d, distinct %d: not Zipf-shaped", values["k0"], values["k1"], values["k9"], len(values))
