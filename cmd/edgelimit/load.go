@@ -22,7 +22,10 @@ Drives a PoP's HTTP check API (POST /v1/check, or /v1/check/batch with
 for -d (or until -n requests), then prints throughput (requests/s, and
 decisions/s in batch mode), closed-loop latency percentiles (p50, p99,
 p99.9, max; measured from writing a request to reading the end of its
-response), the HTTP status mix (200 allowed, 429 denied) and errors.
+response), the HTTP status mix (200 allowed, 429 denied), errors, and how
+many distinct keys the checks sent carried (exact up to 2^27 --keys, a
+HyperLogLog estimate above). Each connection draws its values as it sends,
+from its own generator seeded with --seed: a run is reproducible from it.
 With --grpc host:port it sends Envoy's ShouldRateLimit calls instead, -c of
 them in flight, on --grpc-conns connections (OK counted as 200, OVER_LIMIT
 as 429).
@@ -124,8 +127,12 @@ func runLoad(args []string, stdout io.Writer) error {
 		if cfg.GRPCConns > 0 {
 			conns = fmt.Sprintf("%d streams on %d connections", cfg.Concurrency, cfg.GRPCConns)
 		}
-		_, err = fmt.Fprintf(stdout, "load %s: %s, dist %s%s\n%s",
-			target, conns, cfg.Dist, batch, rep)
+		dist := cfg.Dist.String()
+		if cfg.Dist != loadgen.HotKey {
+			dist += fmt.Sprintf(" over %d keys", cfg.Keys)
+		}
+		_, err = fmt.Fprintf(stdout, "load %s: %s, dist %s%s, seed %d\n%s",
+			target, conns, dist, batch, cfg.Seed, rep)
 		return err
 	}
 	enc := json.NewEncoder(stdout)
