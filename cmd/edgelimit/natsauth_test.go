@@ -38,7 +38,9 @@ func TestNatsconf(t *testing.T) {
 	}
 
 	rules := filepath.Join("..", "..", "deploy", "examples", "rules.yaml")
-	base := []string{"pop", "--region", "eu", "--pop", "eu-1", "--topology", "eu=eu-1,eu-2;us=us-1", "--rules", rules, "--data", t.TempDir()}
+	// A port of its own: the default 127.0.0.1:8080 may be held by a PoP of
+	// `make run`, and a check that comes after the listen would then fail on it.
+	base := []string{"pop", "--listen", "127.0.0.1:0", "--region", "eu", "--pop", "eu-1", "--topology", "eu=eu-1,eu-2;us=us-1", "--rules", rules, "--data", t.TempDir()}
 	for _, c := range []struct {
 		args []string
 		want string
