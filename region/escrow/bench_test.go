@@ -1,0 +1,43 @@
+package escrow
+
+import (
+	"fmt"
+	"strconv"
+	"testing"
+)
+
+// BenchmarkDecide is the hot path in its steady state: one key, decisions
+// within one window, every other replica heard since the boundary (so the
+// sliding window's P̂ loops over all of them).
+func BenchmarkDecide(b *testing.B) {
+	for _, n := range []int{3, 10, 50} {
+		for _, sliding := range []bool{false, true} {
+			name := fmt.Sprintf("n=%d/fixed", n)
+			if sliding {
+				name = fmt.Sprintf("n=%d/sliding", n)
+			}
+			b.Run(name, func(b *testing.B) {
+				names := make([]string, n)
+				for i := range names {
+					names[i] = "pop" + strconv.Itoa(i)
+				}
+				l, err := New(Config{Self: names[0], Replicas: names, Incarnation: -7200 * sec})
+				if err != nil {
+					b.Fatal(err)
+				}
+				spec := Spec{Limit: MaxLimit, Window: 3600 * sec, Sliding: sliding}
+				for _, r := range names[1:] {
+					l.Heard(News{From: r, Incarnation: -7200 * sec, SentAt: 0})
+				}
+				l.Decide(0, "k", spec, 1)
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := range b.N {
+					if ok, _ := l.Decide(int64(i), "k", spec, 1); !ok {
+						b.Fatal("denied")
+					}
+				}
+			})
+		}
+	}
+}
