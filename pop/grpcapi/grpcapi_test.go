@@ -69,18 +69,21 @@ type slowStore struct {
 	pop.Store
 	mu      sync.Mutex
 	gate    chan struct{}
-	entered chan struct{}
+	entered chan context.Context // a held call's context, as the call reaches the gate
+	left    chan error           // why a held call left the gate: nil (it opened) or its context's error
 }
 
 func (s *slowStore) CheckAt(ctx context.Context, now, hits int64, items []limit.Item, out []limit.Decision) error {
 	s.mu.Lock()
-	gate := s.gate
+	gate, entered, left := s.gate, s.entered, s.left
 	s.mu.Unlock()
 	if gate != nil {
-		s.entered <- struct{}{}
+		entered <- ctx
 		select {
 		case <-gate:
+			left <- nil
 		case <-ctx.Done():
+			left <- ctx.Err()
 			return ctx.Err()
 		}
 	}
@@ -91,8 +94,27 @@ func (s *slowStore) hold() chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.gate = make(chan struct{})
-	s.entered = make(chan struct{}, 16)
+	s.entered = make(chan context.Context, 16)
+	s.left = make(chan error, 16)
 	return s.gate
+}
+
+// within bounds the waits for what a loaded machine may be slow to get
+// around to (a call reaching the store, an answer, a stop): long enough
+// never to be the reason a test fails, and a test that waits it out fails
+// saying what did not happen instead of hanging until go test's timeout.
+const within = 2 * time.Minute
+
+// recv receives from c, or fails the test after within.
+func recv[T any](t *testing.T, c <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-c:
+		return v
+	case <-time.After(within):
+		t.Fatalf("%s: not within %v", what, within)
+		panic("unreachable")
+	}
 }
 
 type fixture struct {
@@ -142,7 +164,7 @@ func desc(kv ...string) *ratelimitv3.RateLimitDescriptor {
 
 func check(t *testing.T, f *fixture, r *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
 	resp, err := f.client.ShouldRateLimit(ctx, r)
 	if err != nil {
@@ -346,24 +368,86 @@ func TestRequestCounter(t *testing.T) {
 // TestDeadlineAndCancel: the caller's deadline and cancellation reach the
 // store, and the call ends with the caller's code.
 func TestDeadlineAndCancel(t *testing.T) {
-	f := start(t)
-	release := f.store.hold()
-	defer close(release)
 	r := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("api_key", "slow")}}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	if _, err := f.client.ShouldRateLimit(ctx, r); status.Code(err) != codes.DeadlineExceeded {
-		t.Fatalf("deadline: got %v", err)
+	// The deadline. The call has to reach the store before its deadline
+	// passes, which a loaded machine may not get around to in a short one
+	// (the client then gives up before the server has the call, and the
+	// store never sees it). Such a try is made again, on a fresh server, with
+	// a deadline four times as long. The connection is up before each try,
+	// so that dialing is no part of the deadline.
+	var f *fixture
+	for d := 100 * time.Millisecond; ; d *= 4 {
+		f = start(t)
+		if _, err := f.health.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		release := f.store.hold()
+		t.Cleanup(func() { close(release) })
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		errc := make(chan error, 1)
+		go func() { _, err := f.client.ShouldRateLimit(ctx, r); errc <- err }()
+		var inStore context.Context
+		var answer error // the call's, if it came first
+		answered := false
+		select {
+		case inStore = <-f.store.entered:
+		case answer = <-errc:
+			answered = true
+			if status.Code(answer) != codes.DeadlineExceeded {
+				t.Fatalf("deadline: got %v", answer)
+			}
+			select {
+			case inStore = <-f.store.entered: // it did reach the store, and ended there
+			default:
+			}
+		case <-time.After(d + within):
+			t.Fatalf("deadline of %v: the call neither reached the store nor ended within %v", d, within)
+		}
+		if inStore == nil {
+			cancel()
+			if 4*d > within {
+				t.Fatalf("no call reached the store before its deadline, %v the longest", d)
+			}
+			t.Logf("the call's deadline (%v) passed before it reached the store; trying again with %v", d, 4*d)
+			continue
+		}
+		if _, ok := inStore.Deadline(); !ok {
+			t.Fatal("the store's context has no deadline")
+		}
+		// The held call leaves the store when the deadline passes: by the
+		// server's own timer (DeadlineExceeded) or, as a rule first, by the
+		// client's cancel of the stream when its timer fires (Canceled).
+		if err := recv(t, f.store.left, "the held call leaving the store at its deadline"); err != context.DeadlineExceeded && err != context.Canceled {
+			t.Fatalf("the held call left the store with %v, want its context's end", err)
+		}
+		if !answered {
+			answer = recv(t, errc, "the call's answer")
+		}
+		if status.Code(answer) != codes.DeadlineExceeded {
+			t.Fatalf("deadline: got %v", answer)
+		}
+		cancel()
+		break
 	}
-	<-f.store.entered
 
-	ctx, cancel = context.WithCancel(context.Background())
+	// Cancellation, on the last server (its store still held).
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	errc := make(chan error, 1)
 	go func() { _, err := f.client.ShouldRateLimit(ctx, r); errc <- err }()
-	<-f.store.entered // the call is in the store
+	select {
+	case <-f.store.entered: // the call is in the store
+	case err := <-errc:
+		t.Fatalf("cancel: the call ended before it reached the store: %v", err)
+	case <-time.After(within):
+		t.Fatalf("cancel: the call did not reach the store within %v", within)
+	}
 	cancel()
-	if err := <-errc; status.Code(err) != codes.Canceled {
+	if err := recv(t, f.store.left, "the canceled call leaving the store"); err != context.Canceled {
+		t.Fatalf("the canceled call left the store with %v, want %v", err, context.Canceled)
+	}
+	if err := recv(t, errc, "the canceled call's answer"); status.Code(err) != codes.Canceled {
 		t.Fatalf("cancel: got %v", err)
 	}
 }
@@ -387,17 +471,21 @@ func TestHealth(t *testing.T) {
 	if r, err := watch.Recv(); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("serving: %v %v", r, err)
 	}
+	// The watch stream stays in flight, so Stop waits for sctx; it is ended
+	// once the watcher has its answer (or after within, which cuts the
+	// stream: then Recv fails).
+	sctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
 	stopped := make(chan struct{})
 	go func() {
-		sctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond) // the watch stream is in flight
-		defer cancel()
 		f.srv.Stop(sctx)
 		close(stopped)
 	}()
 	if r, err := watch.Recv(); err != nil || r.Status != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Fatalf("on stop: %v %v", r, err)
 	}
-	<-stopped
+	cancel()
+	recv(t, stopped, "Stop returning once its deadline passed")
 }
 
 // TestGracefulStop: a call in flight when Stop begins is answered; new calls
@@ -408,7 +496,7 @@ func TestGracefulStop(t *testing.T) {
 	r := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("api_key", "inflight")}}
 	errc := make(chan error, 1)
 	go func() { _, err := f.client.ShouldRateLimit(context.Background(), r); errc <- err }()
-	<-f.store.entered
+	recv(t, f.store.entered, "the call reaching the store")
 
 	stopped := make(chan struct{})
 	go func() {
@@ -421,10 +509,10 @@ func TestGracefulStop(t *testing.T) {
 	case <-time.After(100 * time.Millisecond):
 	}
 	close(release)
-	if err := <-errc; err != nil {
+	if err := recv(t, errc, "the in-flight call's answer"); err != nil {
 		t.Fatalf("in-flight call: %v", err)
 	}
-	<-stopped
+	recv(t, stopped, "Stop returning once the call in flight was answered")
 	if _, err := f.client.ShouldRateLimit(context.Background(), r); status.Code(err) != codes.Unavailable {
 		t.Fatalf("after stop: %v, want Unavailable", err)
 	}
@@ -433,11 +521,11 @@ func TestGracefulStop(t *testing.T) {
 	g := start(t)
 	g.store.hold()
 	go func() { _, err := g.client.ShouldRateLimit(context.Background(), r); errc <- err }()
-	<-g.store.entered
+	recv(t, g.store.entered, "the call reaching the store")
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	g.srv.Stop(ctx)
-	if err := <-errc; status.Code(err) != codes.Unavailable {
+	if err := recv(t, errc, "the cut-off call's answer"); status.Code(err) != codes.Unavailable {
 		t.Fatalf("call past the deadline: %v, want Unavailable", err)
 	}
 }
