@@ -183,9 +183,14 @@
 //     by then: apply k's messages in order without gaps (a stream), or send
 //     full snapshots (Own) on a transport that may lose or reorder.
 //  5. Prune(now) once a window, dropping windows older than the previous one.
-//  6. On the wire, EncodeSlot and DecodeSlot map items onto crdt.Slot; route
-//     every slot for which IsSlot holds to the Ledger, never into the sums of
-//     ordinary counts.
+//  6. On the wire, EncodeSlot and DecodeSlot map items onto crdt.Slot: the
+//     slot's Replica is the item's owner (a plain PoP name, so a replica's
+//     items travel in its own batches like its counts), and its Key is a
+//     header — the two bytes 0x00 0xE5, then kind, spec and, for a give, the
+//     receiver — followed by the limit key. No limit key begins with 0x00
+//     (see EncodeSlot). Route every slot for which IsSlot holds to the
+//     Ledger before anything reads its Key as a limit key: never into the
+//     sums of ordinary counts, nor into the receiver's count bounds.
 //
 // # Not here
 //

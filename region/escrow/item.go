@@ -107,7 +107,8 @@ func (it Item) Validate() error {
 }
 
 // validName reports whether s can name a replica: 1 to MaxName bytes and no
-// zero byte (the byte that marks an escrow slot, see EncodeSlot).
+// zero byte. Replication admits PoP names of letters, digits, '-' and '_'
+// only; a name travels as a slot's Replica field (see EncodeSlot).
 func validName(s string) error {
 	switch {
 	case s == "":
