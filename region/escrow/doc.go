@@ -173,7 +173,12 @@
 //  1. On start, New with Config.Incarnation = the process start time, then
 //     Restore with the own items it saved, before the first Decide or
 //     Rebalance.
-//  2. On every check, Decide(now, key, spec, hits).
+//  2. On every check, Decide(now, key, spec, hits). A request that other
+//     limits decide too peeks first with Decide(now, key, spec, 0), then
+//     calls Decide(now, key, spec, hits) if the whole request is admitted,
+//     or Request(now, key, spec, hits) if it is not, so that its hits are
+//     counted (C) only where the request got them, and as demand (R)
+//     everywhere (see Decide).
 //  3. Every flush: Rebalance(now), then Delta(now). Save the items — the gives
 //     at least — durably, and only then publish them with the returned News.
 //     A failed save publishes nothing (publish Own later). Publish the News

@@ -362,8 +362,27 @@ func (l *Ledger) prevBound(key string, w int64, spec Spec) uint64 {
 //
 // with f the fraction this replica holds of the window (held), e the elapsed
 // fraction at now (rounded down) and P̂ an upper bound of the previous
-// window's total. A hits of 0 asks without counting. A negative hits or an
-// invalid spec is denied with nothing counted.
+// window's total. A hits of 0 is a peek: it counts nothing, publishes
+// nothing, and returns the room (what hits may be admitted now) as
+// remaining. A negative hits or an invalid spec is denied with nothing
+// counted.
+//
+// A request that several limits decide together (every limit must admit it)
+// goes through its bounded limits in three steps, so that each counts as
+// admitted (C) only hits the request got, and as demand (R) every hit asked
+// of it:
+//
+//  1. Peek: Decide(now, key, spec, 0) for each bounded limit; it has room
+//     for the request iff hits ≤ remaining.
+//  2. Decide the whole request, over these and the request's other limits.
+//  3. If it is admitted, Decide(now, key, spec, hits) for each bounded
+//     limit: it admits, since nothing changed since the peek. If it is
+//     denied, Request(now, key, spec, hits) for each: the hits count as
+//     demand (R) only, whether this limit had room or not — a limit without
+//     room would have counted them the same way by denying.
+//
+// Pass the same now to every step, and call nothing else on the Ledger
+// between the peek and the last step (a driver holds it for the request).
 //
 // Decide costs O(1) for a fixed window and O(N) for a sliding one; it
 // allocates only for the first decision of a (key, window).
@@ -379,8 +398,10 @@ func (l *Ledger) Decide(now int64, key string, spec Spec, hits int64) (allowed b
 	}
 	e.spec = spec
 	h := uint64(hits)
-	e.req[l.self] = addSat(e.req[l.self], h)
-	l.markDirty(e)
+	if h > 0 {
+		e.req[l.self] = addSat(e.req[l.self], h)
+		l.markDirty(e)
+	}
 	d, x := l.room(e, now)
 	limit := mulDiv(l.held(e), x, d)
 	used := l.ownUsed(e)
@@ -389,6 +410,29 @@ func (l *Ledger) Decide(now int64, key string, spec Spec, hits int64) (allowed b
 	}
 	e.count[l.self] += h
 	return true, int64(limit - used - h)
+}
+
+// Request counts hits of key at now under spec as requested only: it adds
+// them to this replica's requested count R — the demand that Rebalance
+// moves allowance toward, published by the next Delta — and never to its
+// count C. It is for a request that another limit denied while this one had
+// room (see Decide's steps): the request did not get the hits, so they must
+// not use this limit's allowance, but its client asked for them here, so
+// they are demand. On a limit without room it counts exactly what a denying
+// Decide would. A hits of 0 or less, or an invalid spec, counts nothing.
+func (l *Ledger) Request(now int64, key string, spec Spec, hits int64) {
+	if hits <= 0 || spec.Validate() != nil {
+		return
+	}
+	now = l.clock(now)
+	l.act()
+	e := l.entryFor(key, windowStart(now, spec.Window), spec, true)
+	if e == nil {
+		return
+	}
+	e.spec = spec
+	e.req[l.self] = addSat(e.req[l.self], uint64(hits))
+	l.markDirty(e)
 }
 
 // Held returns the fraction, in units of 1/Scale of the limit, that this

@@ -1,0 +1,118 @@
+package escrow
+
+import (
+	"slices"
+	"testing"
+)
+
+// drive is the driver's side of a request that several limits decide
+// together (Decide's steps), with one bounded limit here: peek, decide the
+// whole request — denied if elsewhereDenies — then count it as admitted or
+// as demand only.
+func drive(t *testing.T, l *Ledger, now int64, key string, spec Spec, hits int64, elsewhereDenies bool) (admitted bool, room int64) {
+	t.Helper()
+	_, room = l.Decide(now, key, spec, 0)
+	admitted = hits <= room && !elsewhereDenies
+	if admitted {
+		if ok, rem := l.Decide(now, key, spec, hits); !ok || rem != room-hits {
+			t.Fatalf("Decide after a peek with room %d = %v, %d; want true, %d", room, ok, rem, room-hits)
+		}
+	} else {
+		l.Request(now, key, spec, hits)
+	}
+	return admitted, room
+}
+
+// A request denied by another limit while this one had room counts as
+// demand (R) here, never as admitted (C), and R is published: it is what
+// rebalancing follows.
+func TestRequestProtocol(t *testing.T) {
+	spec := Spec{Limit: L100, Window: sec} // a holds a third: room for 33
+	for _, tc := range []struct {
+		name            string
+		before          int64 // hits a admitted before the request
+		hits            int64
+		elsewhereDenies bool
+		wantAdmitted    bool
+		wantRoom        int64  // the peek's remaining
+		wantC, wantR    uint64 // a's counters after the request
+	}{
+		{"admitted everywhere: C and R grow", 0, 10, false, true, 33, 10, 10},
+		{"denied elsewhere with room here: R grows, C does not", 0, 10, true, false, 33, 0, 10},
+		{"denied elsewhere after use: C stays", 20, 10, true, false, 13, 20, 30},
+		{"no room here: denied, R grows as a denying Decide would", 30, 10, false, false, 3, 30, 40},
+		{"no room here and denied elsewhere", 30, 10, true, false, 3, 30, 40},
+		{"exactly the room, admitted", 3, 30, false, true, 30, 33, 33},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b, c := trio(t, 0)
+			if tc.before > 0 {
+				if ok, _ := a.Decide(t1, "k", spec, tc.before); !ok {
+					t.Fatalf("setup: %d hits denied", tc.before)
+				}
+			}
+			a.Delta(t1)
+			// A peek alone counts nothing and publishes nothing.
+			if _, room := a.Decide(t1, "k", spec, 0); room != tc.wantRoom {
+				t.Fatalf("peek: room %d, want %d", room, tc.wantRoom)
+			}
+			if _, items := a.Delta(t1); len(items) != 0 {
+				t.Fatalf("a peek published %v", items)
+			}
+			admitted, room := drive(t, a, t1, "k", spec, tc.hits, tc.elsewhereDenies)
+			if admitted != tc.wantAdmitted || room != tc.wantRoom {
+				t.Fatalf("admitted %v with room %d; want %v with %d", admitted, room, tc.wantAdmitted, tc.wantRoom)
+			}
+			n, items := a.Delta(t2)
+			if tc.hits > room {
+				// Without room here, Request counts what a denying Decide does.
+				twin, _, _ := trio(t, 0)
+				twin.Decide(t1, "k", spec, tc.before)
+				if ok, _ := twin.Decide(t1, "k", spec, tc.hits); ok {
+					t.Fatal("twin admitted past its room")
+				}
+				if _, want := twin.Own(t2); !slices.Equal(items, want) {
+					t.Fatalf("Request published %v; a denying Decide publishes %v", items, want)
+				}
+			}
+			var gotC, gotR uint64
+			for _, it := range items {
+				switch it.Kind {
+				case Count:
+					gotC = it.Value
+				case Requested:
+					gotR = it.Value
+				default:
+					t.Fatalf("Delta published %v", it)
+				}
+			}
+			if gotC != tc.wantC || gotR != tc.wantR {
+				t.Fatalf("Delta published C=%d R=%d (%v); want C=%d R=%d", gotC, gotR, items, tc.wantC, tc.wantR)
+			}
+			// The demand reaches the others, who give a allowance toward it.
+			for _, l := range []*Ledger{b, c} {
+				if err := l.Apply(n, items); err != nil {
+					t.Fatal(err)
+				}
+				if g := l.Rebalance(t3); len(g) != 2 {
+					t.Fatalf("%s gave %v toward a's demand, want a give now and one for the next window", l.Self(), g)
+				}
+			}
+		})
+	}
+}
+
+// Request counts nothing for no hits, negative hits or an invalid spec, and
+// a peek never counts.
+func TestRequestCountsNothing(t *testing.T) {
+	a, _, _ := trio(t, 0)
+	spec := Spec{Limit: L100, Window: sec}
+	a.Request(t1, "k", spec, 0)
+	a.Request(t1, "k", spec, -5)
+	a.Request(t1, "k", Spec{Limit: 0, Window: sec}, 5)
+	a.Request(t1, "k", Spec{Limit: 1, Window: 0}, 5)
+	a.Decide(t1, "k", spec, 0)
+	if _, items := a.Own(t1); len(items) != 0 {
+		t.Fatalf("counted %v", items)
+	}
+}
