@@ -5,8 +5,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/edgelimit/edgelimit/crdt"
 	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/rules"
+	"github.com/edgelimit/edgelimit/region/escrow"
 )
 
 // BoundFactor is how many times a key's limit, as this PoP's rules set it, a
@@ -122,6 +124,12 @@ var tenantLimit = &rules.Limit{Name: "tenant"}
 // BoundFactor × the larger of the highest replicable limit here and MaxHits:
 // its count decides nothing here until a rule names it.
 func (b ReplicaBounds) MaxCount(key string) uint64 {
+	if sl := (crdt.Slot{Key: key}); escrow.IsSlot(sl) || escrow.IsNews(sl) {
+		// A bounded limit's counters (store/bounded.go): requested hits and
+		// gives have no bound in the limit, news carries an incarnation, and
+		// the ledger refuses a count over the limit its item names.
+		return math.MaxUint64
+	}
 	var buf [16]rules.Entry
 	l, _, ok := b.lookup(key, buf[:0])
 	switch {

@@ -652,8 +652,10 @@ func (s *scratch) push(res *Result, start int, l *rules.Limit, di int, hits int6
 // (decideQuotaMode); with countDenied, pop-scope limits count denied hits.
 func itemFor(l *rules.Limit, key []byte, share uint64, countDenied bool) limit.Item {
 	it := limit.Item{Key: key, Spec: l.Spec, Shadow: l.Shadow || l.QuotaMode, FailClosed: l.FailClosed, Scope: l.Scope,
-		CountDenied: countDenied && l.Scope == limit.ScopePOP}
-	if share != 0 && l.Scope == limit.ScopeGlobal {
+		CountDenied: countDenied && l.Scope == limit.ScopePOP, Consistency: l.Consistency}
+	// A bounded limit holds while its region is cut off without shrinking:
+	// the allowances this PoP holds are all it can admit.
+	if share != 0 && l.Scope == limit.ScopeGlobal && l.Consistency != limit.Bounded {
 		it.Spec.Limit = int64(float64(it.Spec.Limit) * math.Float64frombits(share))
 		it.Shrunk = true
 	}

@@ -23,6 +23,47 @@ func (s Scope) String() string {
 	return fmt.Sprintf("Scope(%d)", s)
 }
 
+// Consistency says how a region or global limit holds across replicas
+// (DESIGN.md "How counts flow between PoPs").
+type Consistency uint8
+
+const (
+	// Eventual, the default, decides on this PoP's counts, the counts the
+	// other PoPs published and an estimate of what they admitted since: it
+	// may admit past the limit by about what the PoPs admit while their news
+	// is on the way.
+	Eventual Consistency = iota
+	// Bounded never admits past the limit: a PoP admits only within an
+	// allowance it holds, and the allowances of one window never sum past
+	// the limit (region/escrow). It may deny while allowance moves.
+	Bounded
+	// Strong has one home region decide for the key, at one round trip.
+	Strong
+)
+
+var consistencyNames = [...]string{"eventual", "bounded", "strong"}
+
+func (c Consistency) String() string {
+	if int(c) < len(consistencyNames) {
+		return consistencyNames[c]
+	}
+	return fmt.Sprintf("Consistency(%d)", c)
+}
+
+// ParseConsistency maps a rule file's consistency name to a Consistency. The
+// empty name is Eventual.
+func ParseConsistency(s string) (Consistency, error) {
+	if s == "" {
+		return Eventual, nil
+	}
+	for i, n := range consistencyNames {
+		if s == n {
+			return Consistency(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown consistency %q (want eventual, bounded or strong)", s)
+}
+
 // Replicable reports whether a can count across replicas: only the window
 // algorithms, whose per-window counts are G-counters (crdt), can.
 func (a Algorithm) Replicable() bool { return a == SlidingWindow || a == FixedWindow }
@@ -58,6 +99,9 @@ type Item struct {
 	// pace — each side of a cut would let in its share again in the
 	// window after it shrank. Stores that replicate apply it.
 	Shrunk bool
+	// Consistency is how a region or global item holds across replicas;
+	// stores that replicate apply it, and ignore it for ScopePOP.
+	Consistency Consistency
 }
 
 // countsDenied reports whether it adds its hits to a denied request.

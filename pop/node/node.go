@@ -217,6 +217,9 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("%w (pass --allow-empty-rules if that is intended)", err)
 		}
 	}
+	if err := cfg.checkStore(set); err != nil {
+		return err
+	}
 	if cfg.DataDir != "" {
 		if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 			return fmt.Errorf("data directory: %w", err)
@@ -358,6 +361,7 @@ func Run(ctx context.Context, cfg Config) error {
 	watcher := rules.NewWatcher(cfg.Rules, cfg.RulesInterval, log)
 	watcher.AllowEmpty = cfg.AllowEmptyRules
 	watcher.Options.MergeDomains = cfg.MergeDomains
+	watcher.Check = cfg.checkStore
 	go watcher.Run(ctx,
 		func(s *rules.Set, warns []rules.Warning) {
 			for _, w := range warns {
@@ -519,6 +523,7 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.
 	var rs *store.Redis
 	if embedded {
 		memCfg.Replica, memCfg.RegionPeers, memCfg.Replicas, memCfg.Extrapolate = cfg.Replica, cfg.RegionPeers, cfg.Replicas, cfg.Extrapolate
+		memCfg.Incarnation = time.Now().UnixNano() // bounded limits: see store.MemoryConfig.Incarnation
 		memCfg.EstimateMiss, memCfg.SettledExcess = estimateMiss, settledExcess
 	} else {
 		clock, err := store.ParseClockSource(cfg.RedisClock)
@@ -625,6 +630,22 @@ func registerMemory(reg prometheus.Registerer, mem *store.Memory) {
 
 // warnScopes says plainly that region and global limits count this PoP alone
 // while it has no replication.
+// checkStore refuses rules the PoP's store cannot serve: a limit with
+// consistency bounded is decided by the embedded store's allowance ledgers
+// (store/bounded.go), which a PoP on Redis does not have yet.
+func (cfg *Config) checkStore(set *rules.Set) error {
+	if cfg.Store == "" || cfg.Store == "embedded" || cfg.Replica == "" {
+		return nil
+	}
+	for _, l := range set.Limits() {
+		if l.Consistency == limit.Bounded {
+			return fmt.Errorf("rules: limit %q of domain %q has consistency bounded, which a PoP on a Redis store (--store) "+
+				"cannot serve yet: run this PoP on the embedded store, or make the limit eventual", l.Name, l.Domain)
+		}
+	}
+	return nil
+}
+
 func warnScopes(log *slog.Logger, set *rules.Set) {
 	for _, l := range set.Limits() {
 		if l.Scope != rules.ScopePOP {

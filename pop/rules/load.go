@@ -715,7 +715,7 @@ func (p *parser) descriptorLimits(m map[string]field, path string, node *Node, s
 // rateLimit parses one rate_limit object. f.key is where messages point for
 // the object as a whole.
 func (p *parser) rateLimit(f field) (l *Limit, hasName, ok bool) {
-	m := p.mapping(f.val, "rate_limit", []string{"unit", "unit_multiplier", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "scope", "fail_closed", "mitigation"}, nil)
+	m := p.mapping(f.val, "rate_limit", []string{"unit", "unit_multiplier", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "scope", "fail_closed", "mitigation", "consistency"}, nil)
 	if m == nil {
 		return nil, false, false
 	}
@@ -790,6 +790,20 @@ func (p *parser) rateLimit(f field) (l *Limit, hasName, ok bool) {
 			if sc != ScopePOP && !l.Spec.Algorithm.Replicable() {
 				p.errorf(g.val, "scope %s counts across PoPs, which only sliding_window and fixed_window can (their per-window counts replicate as CRDT counters); %s is per-PoP only", sc, l.Spec.Algorithm)
 			}
+		}
+	}
+	if g, ok := m["consistency"]; ok {
+		if s, ok := p.str(g, "consistency"); ok {
+			c, err := limit.ParseConsistency(s)
+			switch {
+			case err != nil:
+				p.errorf(g.val, "consistency: %v", err)
+			case c != limit.Eventual && l.Scope == ScopePOP:
+				p.errorf(g.key, "consistency applies to scope region or global limits: a pop-scoped limit is exact already")
+			case c == limit.Strong:
+				p.errorf(g.val, "consistency strong (one home region decides) is not available yet: use bounded (never over the limit) or eventual")
+			}
+			l.Consistency = c
 		}
 	}
 	hasName = p.nameAndFailClosed(m, l, "")

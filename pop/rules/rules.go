@@ -144,6 +144,9 @@ type Limit struct {
 	// FailClosed denies instead of deciding on local knowledge when the
 	// shared counter store cannot answer.
 	FailClosed bool
+	// Consistency is how a region or global limit holds across PoPs
+	// (rate_limit.consistency); Eventual for pop-scope limits.
+	Consistency limit.Consistency
 	// Mitigation, when set (rate_limit.mitigation.duration), is how long a
 	// key that crossed this region or global limit stays denied everywhere in
 	// scope (a ban); when zero, a crossing is mitigated until the sliding

@@ -33,6 +33,9 @@ type Watcher struct {
 	AllowEmpty bool
 	// Options are how the files load (merging domains). Set them before Run.
 	Options Options
+	// Check, when set, refuses a loaded rule set the PoP cannot serve (its
+	// error is reported and the last good rules stay). Set it before Run.
+	Check func(*Set) error
 
 	paths    []string
 	interval time.Duration
@@ -107,6 +110,12 @@ func (w *Watcher) load(files []ruleFile, warns []Warning, readErr error, onLoad 
 		return
 	}
 	warns = append(warns, more...)
+	if w.Check != nil {
+		if err := w.Check(set); err != nil {
+			onError(err)
+			return
+		}
+	}
 	if !w.AllowEmpty {
 		if err := CheckNotEmpty(set); err != nil {
 			for _, wn := range warns { // they may say why (a directory without rule files)

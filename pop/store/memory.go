@@ -70,6 +70,12 @@ type MemoryConfig struct {
 	// RegionPeers, Extrapolate and EstimateMiss are then ignored. A Primary
 	// without a replica name changes nothing.
 	Primary *Redis
+	// Incarnation, with Replica, is when this process started (unix ns, on
+	// the clock checks decide on): a bounded limit's windows that began
+	// before it start with no allowance here, since what the process before
+	// admitted after its last save is unknown (region/escrow, "Crash"). 0
+	// means the epoch: no window began before it (tests, the simulator).
+	Incarnation int64
 	// Durable makes the store note which of its own keys (those not counted
 	// across PoPs) admitted hits or went away, for TakeStates: a driver
 	// saves them every flush interval and restores them after a restart
@@ -134,6 +140,9 @@ func NewMemory(cfg MemoryConfig) *Memory {
 		s.rep = cfg.Primary.est
 	case cfg.Replica != "":
 		s.rep = newReplicated(cfg.Replica, cfg.RegionPeers, cfg.Replicas, cfg.Extrapolate)
+		// A bad name (escrow.Config's rules) leaves esc nil: bounded items
+		// then have no room (bounded.go), never an estimate's.
+		s.rep.esc, _ = newBounded(cfg.Replica, cfg.RegionPeers, cfg.Replicas, cfg.Incarnation)
 		if cfg.Extrapolate {
 			s.onMiss = cfg.EstimateMiss
 			s.onSettled = cfg.SettledExcess

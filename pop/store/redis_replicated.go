@@ -536,6 +536,11 @@ func (s *Redis) RestoreCtx(ctx context.Context, own []crdt.Slot) error {
 // ignored. Duplicated, reordered and stale slots never count twice. A
 // failure is in ReplicationErr (the next anti-entropy snapshot repairs it).
 func (s *Redis) Apply(sent int64, remote []crdt.Slot) {
+	if i := slices.IndexFunc(remote, func(sl crdt.Slot) bool { return isEscrow(&sl) }); i >= 0 {
+		// Bounded limits' counters: a PoP on Redis serves none (node
+		// refuses them), and their keys must not become remote hashes.
+		remote = slices.DeleteFunc(slices.Clone(remote), func(sl crdt.Slot) bool { return isEscrow(&sl) })
+	}
 	if s.est != nil {
 		s.estimateApply(s.now(), sent, remote)
 	}

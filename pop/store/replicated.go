@@ -35,6 +35,44 @@ type replicated struct {
 	// they were last taken (takeSettled), for MemoryConfig.SettledExcess.
 	settled     []settledWindow
 	keepSettled bool
+	// esc decides the items with consistency bounded (bounded.go); nil
+	// when the replica names do not make a ledger: those items then have
+	// no room.
+	esc *bounded
+}
+
+// stateOf is the State a replicated item decides on at now: the ledger's
+// room for a bounded item, else own and remote counts with the estimate.
+// Requires r.mu held.
+func (r *replicated) stateOf(it *limit.Item, now int64) limit.State {
+	if !isBounded(it) {
+		return r.state(it, now)
+	}
+	if r.esc == nil {
+		return limit.State{Start: limit.WindowStart(now, it.Spec.Window), Unheard: float64(it.Spec.Limit)}
+	}
+	return r.esc.state(it, now)
+}
+
+// counted records the outcome of a replicated item's decision: admitted
+// hits in its counts, a denial at its limit (of a shadow item too when
+// shadowAtLimit). It reports whether the hits were counted as admitted.
+// Requires r.mu held.
+func (r *replicated) counted(it *limit.Item, st *limit.State, now, hits int64, admitted, allowed, shadowAtLimit bool) bool {
+	if isBounded(it) {
+		if r.esc == nil {
+			return false
+		}
+		return r.esc.settle(it, now, hits, admitted && allowed)
+	}
+	switch {
+	case admitted && allowed:
+		r.add(it, st, now, hits)
+		return true
+	case !allowed && (shadowAtLimit || !it.Shadow):
+		r.atLimit(it, st.Start)
+	}
+	return false
 }
 
 // settledWindow is a window settle judged: the limit's scope and how far
@@ -1089,6 +1127,10 @@ func (r *recentHits) shift(d int64) {
 func (r *replicated) sweep(now int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.esc != nil {
+		r.esc.region.Prune(now)
+		r.esc.global.Prune(now)
+	}
 	for w, u := range r.units {
 		horizon := limit.WindowStart(now, w) - w
 		u.own.DropBefore(horizon)
@@ -1132,13 +1174,11 @@ func (s *Memory) replicates(it *limit.Item) bool {
 func (s *Memory) checkMany(now, hits int64, items []limit.Item, out []limit.Decision) {
 	if len(items) == 1 && s.replicates(&items[0]) { // no shard, and no state on the heap
 		s.rep.mu.Lock()
-		st := s.rep.state(&items[0], now)
+		st := s.rep.stateOf(&items[0], now)
 		states := [1]*limit.State{&st}
-		if limit.Decide(now, hits, items, states[:], out) && out[0].Allowed {
-			s.rep.add(&items[0], &st, now, hits)
-			s.admitted()
-		} else if !out[0].Allowed {
-			s.rep.atLimit(&items[0], st.Start)
+		admitted := limit.Decide(now, hits, items, states[:], out)
+		if s.rep.counted(&items[0], &st, now, hits, admitted, out[0].Allowed, true) || isBounded(&items[0]) {
+			s.admitted() // a bounded denial's demand is news too: allowance moves to it
 		}
 		s.rep.mu.Unlock()
 		return
@@ -1184,7 +1224,7 @@ func (s *Memory) checkMany(now, hits int64, items []limit.Item, out []limit.Deci
 	}
 	for i, h := range hashes {
 		if h == 0 {
-			temps = append(temps, s.rep.state(&items[i], now))
+			temps = append(temps, s.rep.stateOf(&items[i], now))
 			states = append(states, &temps[len(temps)-1])
 			continue
 		}
@@ -1199,11 +1239,8 @@ func (s *Memory) checkMany(now, hits int64, items []limit.Item, out []limit.Deci
 	admitted := limit.Decide(now, hits, items, states, out)
 	for i, h := range hashes {
 		if h == 0 {
-			if admitted && out[i].Allowed {
-				s.rep.add(&items[i], states[i], now, hits)
+			if s.rep.counted(&items[i], states[i], now, hits, admitted, out[i].Allowed, false) || isBounded(&items[i]) {
 				s.admitted()
-			} else if !out[i].Allowed && !items[i].Shadow {
-				s.rep.atLimit(&items[i], states[i].Start)
 			}
 			continue
 		}
@@ -1234,6 +1271,31 @@ func (s *Memory) Delta() []crdt.Slot {
 // Own returns every own replicated slot.
 func (s *Memory) Own() []crdt.Slot {
 	return s.collect(func(u *unitCounts) []crdt.Slot { return u.own.Slots() })
+}
+
+// DeltaAt is Delta at now (unix ns, the clock checks decide on), with the
+// bounded limits' counters that changed: their allowances move toward
+// demand first (bounded.go). The replication core calls it each flush.
+func (s *Memory) DeltaAt(now int64) []crdt.Slot {
+	out := s.Delta()
+	if s.rep != nil && s.rep.esc != nil {
+		s.rep.mu.Lock()
+		out = append(out, s.rep.esc.flush(now)...)
+		s.rep.mu.Unlock()
+	}
+	return out
+}
+
+// OwnAt is Own at now, with every own counter of the bounded limits and a
+// watermark at now (bounded.go): a snapshot.
+func (s *Memory) OwnAt(now int64) []crdt.Slot {
+	out := s.Own()
+	if s.rep != nil && s.rep.esc != nil {
+		s.rep.mu.Lock()
+		out = append(out, s.rep.esc.own(now)...)
+		s.rep.mu.Unlock()
+	}
+	return out
 }
 
 // Remote returns every slot of other replicas.
@@ -1292,6 +1354,11 @@ func (r *replicated) hot(slots []crdt.Slot) []crdt.Slot {
 // Restore raises own counts to slots after a restart; it never lowers one.
 // Slots of other replicas, and keys whose window cannot be told, are ignored.
 func (s *Memory) Restore(own []crdt.Slot) {
+	if s.rep != nil && s.rep.esc != nil {
+		s.rep.mu.Lock()
+		own = s.rep.esc.apply(own) // a ledger joins its own counters as any
+		s.rep.mu.Unlock()
+	}
 	s.route(own, func(u *unitCounts, sl []crdt.Slot) { u.own.Restore(sl...) }, true)
 }
 
@@ -1333,6 +1400,9 @@ func (s *Memory) ApplyAt(now, sent int64, remote []crdt.Slot) {
 	// One step under the lock: a check sees the counts and how old they
 	// are together, never new counts with an old age or the reverse.
 	s.rep.mu.Lock()
+	if s.rep.esc != nil {
+		remote = s.rep.esc.apply(remote)
+	}
 	if s.onMiss != nil {
 		misses = s.rep.misses(remote, now, sent)
 	}

@@ -48,6 +48,12 @@ type News struct {
 	From        string
 	Incarnation int64 // the sender's Config.Incarnation
 	SentAt      int64 // the sender's clock when it took the items, unix ns
+	// Partial news proves the sender alive at SentAt but claims no
+	// watermark: the message may not carry everything up to SentAt (a
+	// delta on a transport that may lose one before it). It steers gives
+	// (Rebalance gives only to replicas heard from within a window) and
+	// never makes a count final.
+	Partial bool
 }
 
 // Ledger is one replica's bookkeeping for the bounded limits of one scope:
@@ -73,6 +79,7 @@ type Ledger struct {
 
 	inc   []int64 // every replica's incarnation as heard (own: Config)
 	heard []int64 // every replica's watermark as heard (own: unused)
+	alive []int64 // every replica's latest news, partial or not (own: unused)
 
 	entries map[entryKey]*entry
 	dirty   []*entry
@@ -144,6 +151,7 @@ func New(cfg Config) (*Ledger, error) {
 		share:   scale / uint64(n),
 		inc:     make([]int64, n),
 		heard:   make([]int64, n),
+		alive:   make([]int64, n),
 		entries: make(map[entryKey]*entry),
 		latest:  math.MinInt64,
 		demand:  make([]uint64, n),
@@ -161,6 +169,7 @@ func New(cfg Config) (*Ledger, error) {
 		l.index[name] = i
 		l.inc[i] = math.MinInt64
 		l.heard[i] = math.MinInt64
+		l.alive[i] = math.MinInt64
 		if name == cfg.Self {
 			l.self = i
 		}
@@ -487,7 +496,10 @@ func (l *Ledger) Heard(n News) error {
 		return nil
 	}
 	l.inc[k] = max(l.inc[k], n.Incarnation)
-	l.heard[k] = max(l.heard[k], n.SentAt)
+	l.alive[k] = max(l.alive[k], n.SentAt)
+	if !n.Partial {
+		l.heard[k] = max(l.heard[k], n.SentAt)
+	}
 	return nil
 }
 

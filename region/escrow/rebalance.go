@@ -79,7 +79,7 @@ func (l *Ledger) rebalanceKey(now int64, key string, spec Spec, cur int64, out [
 	var sum uint64
 	for k := range l.names {
 		l.demand[k] = 0
-		if k != l.self && l.heard[k] < now-spec.Window {
+		if k != l.self && l.alive[k] < now-spec.Window {
 			continue
 		}
 		var last, rate uint64 // requested over the last W; the current window's rate

@@ -36,6 +36,16 @@ type Counts interface {
 	Own() []crdt.Slot
 }
 
+// CountsAt is a Counts whose delta and snapshot depend on the instant they
+// are taken: the bounded limits' allowances move toward demand at each flush
+// (region/escrow). The core then calls DeltaAt and OwnAt with its now instead
+// of Delta and Own, so that a driver with its own clock (the simulator) runs
+// the same code as a PoP.
+type CountsAt interface {
+	DeltaAt(now int64) []crdt.Slot
+	OwnAt(now int64) []crdt.Slot
+}
+
 // Bits is the PoP's mitigation bit table as the core reads it.
 type Bits interface {
 	// BitsDelta returns the bits this PoP issued or extended since the last
@@ -346,7 +356,13 @@ func (c *Core) send(m Message) {
 // flushDelta takes the store's delta, joins the retry set into it, and
 // publishes it once saved.
 func (c *Core) flushDelta(now int64) {
-	slots := c.mergeRetry(c.cfg.Counts.Delta())
+	var delta []crdt.Slot
+	if ca, ok := c.cfg.Counts.(CountsAt); ok {
+		delta = ca.DeltaAt(now)
+	} else {
+		delta = c.cfg.Counts.Delta()
+	}
+	slots := c.mergeRetry(delta)
 	if len(slots) == 0 {
 		return
 	}
@@ -384,7 +400,12 @@ func (c *Core) flushBits(now int64) {
 // count the snapshot carries.
 func (c *Core) snapshot(now int64) {
 	c.lastSnapshot = now
-	own := c.cfg.Counts.Own()
+	var own []crdt.Slot
+	if ca, ok := c.cfg.Counts.(CountsAt); ok {
+		own = ca.OwnAt(now)
+	} else {
+		own = c.cfg.Counts.Own()
+	}
 	c.flushDelta(now)
 	var bits []crdt.Bit
 	if c.cfg.Bits != nil {
