@@ -161,8 +161,11 @@ const (
 // Source is a client sending requests at Rate per second (Poisson arrivals)
 // between Start and End (default: the whole run). With On and Off set it
 // sends only during the first On of every On+Off from Start: a bursty or
-// periodic client. Sources with the same Key share one limit, as the clients
-// of one tenant do; the default key is "tenant".
+// periodic client. With RateEnd set the rate ramps linearly from Rate at
+// Start to RateEnd at End (a Poisson process of that changing rate): a
+// client that grows into or out of its limit. Sources with the same Key
+// share one limit, as the clients of one tenant do; the default key is
+// "tenant".
 type Source struct {
 	Name   string        `yaml:"name"`
 	Key    string        `yaml:"key"`
@@ -173,6 +176,10 @@ type Source struct {
 	End    time.Duration `yaml:"end"`
 	On     time.Duration `yaml:"on"`
 	Off    time.Duration `yaml:"off"`
+
+	// RateEnd is the rate at End when the rate ramps; 0 (unset): Rate
+	// throughout.
+	RateEnd float64 `yaml:"rate_end"`
 }
 
 // DefaultKey is the limit key of a source that names none.
@@ -325,6 +332,9 @@ func (sc *Scenario) Validate() error {
 		s := &sc.Sources[i]
 		if !(s.Rate > 0) || math.IsInf(s.Rate, 0) {
 			return fmt.Errorf("sources[%d].rate: must be positive, got %v", i, s.Rate)
+		}
+		if !(s.RateEnd >= 0) || math.IsInf(s.RateEnd, 0) {
+			return fmt.Errorf("sources[%d].rate_end: must be positive (or 0 for no ramp), got %v", i, s.RateEnd)
 		}
 		switch s.Spread {
 		case Anycast:

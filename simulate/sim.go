@@ -100,6 +100,9 @@ type source struct {
 	pop                 int // an anycast source's PoP
 	start, end, on, off int64
 	key                 int
+	// rateEnd, when above 0, is the rate at end: the rate ramps linearly
+	// from rate at start (Source.RateEnd).
+	rateEnd float64
 }
 
 // population expands the scenario's sources and mix into sources and the
@@ -123,6 +126,7 @@ func population(sc *Scenario, top *topology, limitRate float64) ([]source, []str
 		srcs = append(srcs, source{
 			rate: s.Rate, spread: s.Spread, pop: p, key: ki,
 			start: int64(s.Start), end: int64(s.End), on: int64(s.On), off: int64(s.Off),
+			rateEnd: s.RateEnd,
 		})
 	}
 	m := sc.Mix
@@ -174,6 +178,9 @@ func (s *source) offered() float64 {
 	active := float64(s.end-s.start) / float64(time.Second)
 	if s.on > 0 {
 		active *= float64(s.on) / float64(s.on+s.off)
+	}
+	if s.ramps() { // the mean rate; with on/off phases, about
+		return (s.rate + s.rateEnd) / 2 * active
 	}
 	return s.rate * active
 }

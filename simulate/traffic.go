@@ -207,7 +207,7 @@ func newGenerator(seed uint64, srcs []source, pops int, duration int64) *generat
 	var rates []float64
 	var idx []int
 	for i := range srcs {
-		if s := &srcs[i]; s.start == 0 && s.end >= duration && s.on == 0 {
+		if s := &srcs[i]; s.start == 0 && s.end >= duration && s.on == 0 && !s.ramps() {
 			rates, idx = append(rates, s.rate), append(idx, i)
 			continue
 		}
@@ -272,7 +272,12 @@ func (g *generator) scheduleSteady() {
 func (g *generator) scheduleArrival(i int, from int64) {
 	s := &g.srcs[i]
 	for {
-		at := from + int64(g.q.rand.ExpFloat64()/s.rate*float64(time.Second))
+		var at int64
+		if s.ramps() {
+			at = s.rampArrival(from, g.q.rand.ExpFloat64())
+		} else {
+			at = from + int64(g.q.rand.ExpFloat64()/s.rate*float64(time.Second))
+		}
 		if at >= s.end {
 			return
 		}
@@ -286,6 +291,31 @@ func (g *generator) scheduleArrival(i int, from int64) {
 		g.q.schedule(event{at: at, kind: evArrival, idx: i})
 		return
 	}
+}
+
+// ramps reports whether s's rate ramps from rate to rateEnd.
+func (s *source) ramps() bool { return s.rateEnd > 0 && s.rateEnd != s.rate }
+
+// rampArrival returns the arrival after from of a ramping source, given e,
+// an exponential draw of mean 1: the instant at which the requests expected
+// since from, the integral of the rate r(t) = rate + k·(t − start), reach e
+// (inverting the integral is the exact non-homogeneous Poisson process).
+// With r0 = r(from), r0·u + k·u²/2 = e gives u = 2e / (r0 + √(r0² + 2ke)),
+// the root that stays accurate when k is near 0. It returns end or later
+// when the falling rate runs out before e.
+func (s *source) rampArrival(from int64, e float64) int64 {
+	span := float64(s.end-s.start) / float64(time.Second)
+	k := (s.rateEnd - s.rate) / span // per second per second
+	r0 := s.rate + k*float64(from-s.start)/float64(time.Second)
+	d := r0*r0 + 2*k*e
+	if r0 <= 0 || d < 0 {
+		return s.end
+	}
+	u := 2 * e / (r0 + math.Sqrt(d))
+	if u*float64(time.Second) >= float64(s.end-from) {
+		return s.end
+	}
+	return from + int64(u*float64(time.Second))
 }
 
 // keyNames names a run's keys: the scenario's own by table, a mix's

@@ -1,7 +1,9 @@
 package simulate
 
 import (
+	"math"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -151,5 +153,92 @@ func TestKeyNames(t *testing.T) {
 		if got := n.name(k); got != want {
 			t.Errorf("name(%d) = %q, want %q", k, got, want)
 		}
+	}
+}
+
+// TestTrafficRamp: a source with rate_end sends a Poisson process whose rate
+// ramps linearly from rate at start to rate_end at end: the arrivals in each
+// second follow the ramp (up, down, and within on phases), none fall outside
+// the source's span, and the report offers the ramp's mean rate.
+func TestTrafficRamp(t *testing.T) {
+	s := int64(time.Second)
+	srcs := []source{
+		{rate: 100, rateEnd: 500, spread: Spray, start: 2 * s, end: 22 * s, key: 0},
+		{rate: 400, rateEnd: 50, spread: Anycast, pop: 1, end: 20 * s, key: 1},
+		{rate: 200, rateEnd: 600, spread: Random, start: 4 * s, end: 24 * s, on: s, off: s, key: 2},
+	}
+	const pops = 4
+	d := 25 * s
+	arr := readAll(&reader{t: newTraffic(3, srcs, pops, d, 1)}, false)
+	counts := make([][]int, len(srcs)) // per key and second
+	for k := range counts {
+		counts[k] = make([]int, d/s)
+	}
+	for _, a := range arr {
+		src := srcs[a.key]
+		if a.at < src.start || a.at >= src.end {
+			t.Fatalf("key %d arrived at %v, outside [%v, %v)", a.key, time.Duration(a.at), time.Duration(src.start), time.Duration(src.end))
+		}
+		counts[a.key][a.at/s]++
+	}
+	for k, src := range srcs {
+		total, want := 0, 0.0
+		for sec, n := range counts[k] {
+			t0, t1 := int64(sec)*s, int64(sec+1)*s
+			var mean float64 // the rate's integral over the second
+			if t0 >= src.start && t1 <= src.end && (src.on == 0 || (t0-src.start)%(src.on+src.off) < src.on) {
+				mid := float64(t0+s/2-src.start) / float64(src.end-src.start)
+				mean = src.rate + (src.rateEnd-src.rate)*mid
+			}
+			if math.Abs(float64(n)-mean) > 5*math.Sqrt(mean)+0.5 {
+				t.Errorf("key %d second %d: %d arrivals, want about %.0f (the ramp from %v to %v)", k, sec, n, mean, src.rate, src.rateEnd)
+			}
+			total += n
+			want += mean
+		}
+		if off := float64(total) - want; math.Abs(off) > 5*math.Sqrt(want) {
+			t.Errorf("key %d: %d arrivals in all, want about %.0f", k, total, want)
+		}
+		if got, exp := srcs[k].offered(), want; k < 2 && math.Abs(got-exp) > 1e-6*exp {
+			t.Errorf("key %d offers %.1f requests, want the ramp's %.1f", k, got, exp)
+		}
+	}
+	// A ramp's slope shows: its first five seconds (mean rate 150/s) against
+	// its last five (450/s).
+	first, last := 0, 0
+	for sec := 2; sec < 7; sec++ {
+		first += counts[0][sec]
+		last += counts[0][sec+15]
+	}
+	if !(float64(last) > 2.5*float64(first)) {
+		t.Errorf("ramp 100→500/s: %d arrivals in its first 5 s, %d in its last 5 s; want about 750 and 2250", first, last)
+	}
+	// A source whose rate_end equals its rate is a plain Poisson source: the
+	// very same arrivals.
+	plain := []source{{rate: 300, spread: Anycast, start: s, end: 9 * s}}
+	flat := []source{{rate: 300, rateEnd: 300, spread: Anycast, start: s, end: 9 * s}}
+	if a, b := readAll(&reader{t: newTraffic(5, plain, pops, d, 1)}, false), readAll(&reader{t: newTraffic(5, flat, pops, d, 1)}, false); !slices.Equal(a, b) {
+		t.Error("rate_end equal to rate drew other arrivals than no rate_end")
+	}
+}
+
+// TestScenarioRateEnd: rate_end loads into the source and must not be
+// negative.
+func TestScenarioRateEnd(t *testing.T) {
+	const sc = `
+duration: 10s
+regions: [{name: us, pops: [a, b]}]
+limit: {requests_per_unit: 100, unit: second}
+sources: [{rate: 50, rate_end: %s, spread: spray}]
+`
+	got, err := ParseScenario([]byte(strings.Replace(sc, "%s", "150", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Sources[0].RateEnd != 150 {
+		t.Fatalf("rate_end %v, want 150", got.Sources[0].RateEnd)
+	}
+	if _, err := ParseScenario([]byte(strings.Replace(sc, "%s", "-1", 1))); err == nil || !strings.Contains(err.Error(), "sources[0].rate_end: must be positive") {
+		t.Fatalf("rate_end -1: got %v, want an error", err)
 	}
 }
