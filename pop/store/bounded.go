@@ -147,11 +147,12 @@ func (b *bounded) own(now int64) []crdt.Slot {
 // counter, or news) rather than an ordinary count.
 func isEscrow(sl *crdt.Slot) bool { return escrow.IsSlot(*sl) || escrow.IsNews(*sl) }
 
-// apply hands the escrow slots among slots to the ledgers of their keys'
-// scopes, news last, and returns the ordinary slots (slots itself when it
+// apply hands the escrow slots among slots, sent at sent (the sender's
+// clock; 0 for restored ones), to the ledgers of their keys' scopes, news
+// last, and returns the ordinary slots (slots itself when it
 // holds no escrow slot, so that a store without bounded limits allocates
 // nothing). Items or news a ledger refuses are counted in refused.
-func (b *bounded) apply(slots []crdt.Slot) []crdt.Slot {
+func (b *bounded) apply(slots []crdt.Slot, sent int64) []crdt.Slot {
 	first := slices.IndexFunc(slots, func(sl crdt.Slot) bool { return isEscrow(&sl) })
 	if first < 0 {
 		return slots
@@ -167,6 +168,9 @@ func (b *bounded) apply(slots []crdt.Slot) []crdt.Slot {
 			if err != nil {
 				b.refused++
 				continue
+			}
+			if n.Partial {
+				n.SentAt = sent // the message's send time: alive then
 			}
 			news = append(news, n)
 		case escrow.IsSlot(*sl):

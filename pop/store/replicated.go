@@ -1356,7 +1356,7 @@ func (r *replicated) hot(slots []crdt.Slot) []crdt.Slot {
 func (s *Memory) Restore(own []crdt.Slot) {
 	if s.rep != nil && s.rep.esc != nil {
 		s.rep.mu.Lock()
-		own = s.rep.esc.apply(own) // a ledger joins its own counters as any
+		own = s.rep.esc.apply(own, 0) // a ledger joins its own counters as any
 		s.rep.mu.Unlock()
 	}
 	s.route(own, func(u *unitCounts, sl []crdt.Slot) { u.own.Restore(sl...) }, true)
@@ -1401,7 +1401,7 @@ func (s *Memory) ApplyAt(now, sent int64, remote []crdt.Slot) {
 	// are together, never new counts with an old age or the reverse.
 	s.rep.mu.Lock()
 	if s.rep.esc != nil {
-		remote = s.rep.esc.apply(remote)
+		remote = s.rep.esc.apply(remote, sent)
 	}
 	if s.onMiss != nil {
 		misses = s.rep.misses(remote, now, sent)

@@ -17,7 +17,9 @@ const (
 
 // EncodeNews maps n onto a crdt.Slot, so that it travels beside the items:
 // Key newsKey, Replica the sender, Count its incarnation, and Window its
-// watermark (0 for none). A slot per distinct watermark, joined by the
+// watermark. Partial news has no watermark and travels with Window 0 under
+// partialKey, one slot per sender whatever the time: the receiver takes the
+// send time of the message that carried it as SentAt. A slot per distinct watermark, joined by the
 // largest incarnation: duplicates and replays are harmless, as for items.
 // Partial news travels under a key of its own, so that no join mixes it
 // with a watermark.
@@ -27,7 +29,11 @@ func EncodeNews(n News) crdt.Slot {
 	if n.Partial {
 		key = partialKey
 	}
-	return crdt.Slot{Key: key, Window: max(n.SentAt, 0), Replica: n.From, Count: uint64(max(n.Incarnation, 0))}
+	sent := max(n.SentAt, 0)
+	if n.Partial {
+		sent = 0 // one slot per sender: the message's own send time says when
+	}
+	return crdt.Slot{Key: key, Window: sent, Replica: n.From, Count: uint64(max(n.Incarnation, 0))}
 }
 
 // IsNews reports whether s is a slot EncodeNews wrote.
