@@ -143,6 +143,20 @@ type Limit struct {
 	// Algorithm is sliding_window (default) or fixed_window, the algorithms
 	// that replicate.
 	Algorithm string `yaml:"algorithm"`
+	// Consistency is how the replicated strategies (edgelimit, async-sync)
+	// hold the limit: eventual (default) or bounded (rate_limit.consistency;
+	// edgelimit sim --consistency overrides it). With bounded the estimate
+	// plays no part, so both rows decide alike.
+	Consistency string `yaml:"consistency"`
+}
+
+// consistency returns the limit's consistency.
+func (l *Limit) consistency() (limit.Consistency, error) {
+	c, err := limit.ParseConsistency(l.Consistency)
+	if err == nil && c == limit.Strong {
+		err = fmt.Errorf("consistency strong is not available yet (want eventual or bounded)")
+	}
+	return c, err
 }
 
 // Spread says how a source's requests pick a PoP.
@@ -318,6 +332,9 @@ func (sc *Scenario) Validate() error {
 	}
 	spec, _, err := sc.Limit.spec()
 	if err != nil {
+		return fmt.Errorf("limit: %w", err)
+	}
+	if _, err := sc.Limit.consistency(); err != nil {
 		return fmt.Errorf("limit: %w", err)
 	}
 	if sc.Mix != nil {

@@ -447,11 +447,16 @@ func runStrategy(sc *Scenario, top *topology, arrivals *reader, keys []string, t
 	}
 	r.req = pop.Request{Domain: simDomain, Descriptors: []pop.Descriptor{{Entries: []rules.Entry{{Key: simKey}}}}}
 	maxKeys := 2*len(keys) + 1024
+	consistency, _ := sc.Limit.consistency()
 	newEngine := func(limit int64, scope rules.Scope, cfg store.MemoryConfig) (*pop.Engine, *store.Memory, error) {
 		s := spec
 		s.Limit = limit
 		root := &rules.Node{}
-		root.Child(simKey, "").Add(&rules.Limit{Domain: simDomain, Path: simKey, Name: simKey, Unit: unit, Spec: s, Scope: scope})
+		l := &rules.Limit{Domain: simDomain, Path: simKey, Name: simKey, Unit: unit, Spec: s, Scope: scope}
+		if scope != rules.ScopePOP {
+			l.Consistency = consistency
+		}
+		root.Child(simKey, "").Add(l)
 		set, err := rules.NewSet(rules.NewDomain(simDomain, "simulate", root))
 		if err != nil {
 			return nil, nil, fmt.Errorf("simulate: rules: %w", err)

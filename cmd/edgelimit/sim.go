@@ -43,6 +43,7 @@ func runSimTo(args []string, stdout, stderr io.Writer, tty bool) error {
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a table")
 	htmlFile := fs.String("html", "", "also write the report as an HTML page with charts to `FILE`")
 	direct := fs.Bool("direct", false, "give edgelimit's PoPs a direct path to the other regions, as edgelimit pop --nats-direct does\n(the scenario's direct: true)")
+	consistency := fs.String("consistency", "", "run the replicated strategies' limit as `eventual`, bounded or strong, whatever the scenario's\nlimit.consistency says (empty: the scenario's)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), simUsage)
 		fs.PrintDefaults()
@@ -64,6 +65,9 @@ func runSimTo(args []string, stdout, stderr io.Writer, tty bool) error {
 		sc.Seed = *seed
 	}
 	sc.Direct = sc.Direct || *direct
+	if *consistency != "" {
+		sc.Limit.Consistency = *consistency
+	}
 	// Open the page's file before the run, so that a path that cannot be
 	// written fails at once rather than after the simulation.
 	var page *os.File
