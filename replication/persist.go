@@ -10,6 +10,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/edgelimit/edgelimit/crdt"
+	"github.com/edgelimit/edgelimit/replication/core"
 )
 
 // Persisted wraps a PoP's Counts with its durable state in db. Save writes
@@ -80,6 +81,24 @@ func (p *Persisted) RestoreFrom() (uint64, error) {
 	p.seq = seq
 	p.mu.Unlock()
 	return seq, nil
+}
+
+// DeltaAt is the store's DeltaAt when it has one (core.CountsAt: counters
+// taken at the core's now), else its Delta. Persisted must pass it on: the
+// core asks for it only if the Counts it holds, this one, has it.
+func (p *Persisted) DeltaAt(now int64) []crdt.Slot {
+	if ca, ok := p.Counts.(core.CountsAt); ok {
+		return ca.DeltaAt(now)
+	}
+	return p.Counts.Delta()
+}
+
+// OwnAt is the store's OwnAt when it has one, else its Own.
+func (p *Persisted) OwnAt(now int64) []crdt.Slot {
+	if ca, ok := p.Counts.(core.CountsAt); ok {
+		return ca.OwnAt(now)
+	}
+	return p.Counts.Own()
 }
 
 // Save makes own durable, with everything applied since the last save and

@@ -250,7 +250,7 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 		run := func() error {
 			defer closeAll()
 			err := r.Run(ctx)
-			_ = counts.Save(counts.Delta()) // one last save of what was counted
+			_ = counts.Save(counts.DeltaAt(time.Now().UnixNano())) // one last save of what was counted
 			return err
 		}
 		ready := func() error {

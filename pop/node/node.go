@@ -8,11 +8,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -523,7 +525,7 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.
 	var rs *store.Redis
 	if embedded {
 		memCfg.Replica, memCfg.RegionPeers, memCfg.Replicas, memCfg.Extrapolate = cfg.Replica, cfg.RegionPeers, cfg.Replicas, cfg.Extrapolate
-		memCfg.Incarnation = time.Now().UnixNano() // bounded limits: see store.MemoryConfig.Incarnation
+		memCfg.Incarnation = incarnation(cfg.DataDir, time.Now())
 		memCfg.EstimateMiss, memCfg.SettledExcess = estimateMiss, settledExcess
 	} else {
 		clock, err := store.ParseClockSource(cfg.RedisClock)
@@ -630,6 +632,22 @@ func registerMemory(reg prometheus.Registerer, mem *store.Memory) {
 
 // warnScopes says plainly that region and global limits count this PoP alone
 // while it has no replication.
+// incarnation is store.MemoryConfig.Incarnation for a PoP started at now
+// with data directory dir: now, unless dir holds no saved state yet (the
+// durable state's "state" directory, see cmd/edgelimit): a PoP that never
+// saved anything never admitted anything before this process, so no window
+// began before its incarnation, and a new deployment's PoPs start every
+// bounded window with their shares rather than none. A PoP whose disk was
+// lost counts as new: that is the operator's to avoid (see README).
+func incarnation(dir string, now time.Time) int64 {
+	if dir != "" {
+		if _, err := os.Stat(filepath.Join(dir, "state")); errors.Is(err, fs.ErrNotExist) {
+			return 0
+		}
+	}
+	return now.UnixNano()
+}
+
 // checkStore refuses rules the PoP's store cannot serve: a limit with
 // consistency bounded is decided by the embedded store's allowance ledgers
 // (store/bounded.go), which a PoP on Redis does not have yet.
