@@ -107,6 +107,12 @@ func (p *proc) stop()        { p.Kill() }
 func (p *proc) terminate()   { p.Terminate() }
 func (p *proc) exited() bool { return p.Exited() }
 
+// patience bounds the waits for what a loaded machine may be slow to get
+// done (a process starting, a cluster forming, a message crossing, a scrape):
+// far above what it takes on an idle machine, since the bound only decides
+// when a test that fails anyway says so.
+const patience = 2 * time.Minute
+
 // waitFor polls cond every 50 ms until it returns nil, and fails the test
 // with its last error after timeout.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() error) {
@@ -138,7 +144,7 @@ func startPoP(t *testing.T, name, listen string, env []string, args ...string) *
 func waitReady(t *testing.T, p *proc, listen string) {
 	t.Helper()
 	name := p.Name
-	waitFor(t, 30*time.Second, name+" ready", func() error {
+	waitFor(t, patience, name+" ready", func() error {
 		if p.exited() {
 			t.Fatalf("%s exited before it was ready", name)
 		}

@@ -1,6 +1,8 @@
 package deploy
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,8 +12,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgelimit/edgelimit/deploy/lab"
+	"github.com/edgelimit/edgelimit/replication"
 	"github.com/edgelimit/edgelimit/replication/natstest"
 )
 
@@ -142,7 +146,7 @@ func startRegion(t *testing.T, conf, region string, hub []*natsServer, keys stri
 // the domain named after the region, answers.
 func waitJetStream(t *testing.T, s *natsServer, domain string) {
 	t.Helper()
-	waitFor(t, 30*time.Second, s.name+" JetStream", func() error {
+	waitFor(t, patience, s.name+" JetStream", func() error {
 		if s.p.exited() {
 			t.Fatalf("%s exited", s.name)
 		}
@@ -157,7 +161,7 @@ func waitJetStream(t *testing.T, s *natsServer, domain string) {
 // waitDomain waits until JetStream domain answers through server s.
 func waitDomain(t *testing.T, s *natsServer, domain string) {
 	t.Helper()
-	waitFor(t, 30*time.Second, "domain "+domain+" through "+s.name, func() error {
+	waitFor(t, patience, "domain "+domain+" through "+s.name, func() error {
 		got, err := jetStreamDomain(s, domain)
 		if err == nil && got != domain {
 			err = fmt.Errorf("answered by domain %q", got)
@@ -170,6 +174,57 @@ func waitDomain(t *testing.T, s *natsServer, domain string) {
 // domain answers: s's own, or with via set, domain via's through s.
 func jetStreamDomain(s *natsServer, via string) (string, error) {
 	return lab.JetStreamDomain(s.url(), "probe", probePassword, via)
+}
+
+// waitSourced waits until region's stream, asked about as the probe user
+// through s (a server of the region), has set up its source of every other
+// region's stream, and says how long that took after since.
+//
+// Two regions' PoPs create their streams about together, and the first
+// stream's source asks for a stream that does not exist yet: the other
+// (clustered) domain answers nothing to that request, and nats-server asks
+// again only after 30 s and a 10 s backoff. Both are constants of
+// nats-server (srcConsumerWaitTime, retryBackOff), not settings of its
+// config, so the test cannot shorten them: whether the first try comes
+// before the other stream exists is a race (it is made 100-200 ms after the
+// stream), which a loaded machine loses, and then the source is up about 40
+// s after the stream. Until then the PoP takes the other region's batches
+// straight off their subjects (replication: stalled sources), which is not
+// what this test checks; it waits for the source, not for a fixed time.
+func waitSourced(t *testing.T, s *natsServer, region string, since time.Time) {
+	t.Helper()
+	stream := replication.StreamName(region)
+	waitFor(t, patience, stream+"'s sources, through "+s.name, func() error {
+		nc, err := nats.Connect(s.url(), nats.UserInfo("probe", probePassword), nats.Timeout(5*time.Second))
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		js, err := jetstream.NewWithDomain(nc, region)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		st, err := js.Stream(ctx, stream)
+		if err != nil {
+			return err
+		}
+		sources := st.CachedInfo().Sources
+		if len(sources) == 0 {
+			return errors.New("the stream has no sources")
+		}
+		for _, si := range sources {
+			switch {
+			case si.Error != nil:
+				return fmt.Errorf("source %s: %v", si.Name, si.Error)
+			case si.Active < 0:
+				return fmt.Errorf("source %s: not set up yet", si.Name)
+			}
+		}
+		return nil
+	})
+	t.Logf("%s: its sources are up %v after the PoPs started", stream, time.Since(since).Round(100*time.Millisecond))
 }
 
 // TestNATSConfigsLinkRegions runs deploy/nats/hub-region.conf (region eu)
@@ -230,8 +285,11 @@ descriptors:
 			"--extrapolate=false") // decide on what was heard, so the counts below are exact
 		return listen
 	}
+	popsStarted := time.Now()
 	eu := pop("eu", "eu-1", hub[1:])
 	us := pop("us", "us-1", leaf)
+	waitSourced(t, hub[1], "eu", popsStarted)
+	waitSourced(t, leaf[0], "us", popsStarted)
 
 	healthy := func(addr string) func() error {
 		return func() error {
@@ -248,8 +306,8 @@ descriptors:
 			return nil
 		}
 	}
-	waitFor(t, 30*time.Second, "eu-1 sources us and reaches it", healthy(eu))
-	waitFor(t, 30*time.Second, "us-1 sources eu and reaches it", healthy(us))
+	waitFor(t, patience, "eu-1 sources us and reaches it", healthy(eu))
+	waitFor(t, patience, "us-1 sources eu and reaches it", healthy(us))
 
 	// us-1's credential may not speak for eu-1 or for region eu: the server
 	// refuses the publish (and so nothing of it reaches a stream or a PoP).
@@ -269,8 +327,8 @@ descriptors:
 			if !strings.Contains(err.Error(), "Permissions Violation for Publish to \""+subject+"\"") {
 				t.Errorf("publish on %s as us-1: %v, want a permissions violation", subject, err)
 			}
-		case <-time.After(5 * time.Second):
-			t.Errorf("publish on %s as us-1: the server did not refuse it", subject)
+		case <-time.After(patience):
+			t.Errorf("publish on %s as us-1: the server did not refuse it within %v", subject, patience)
 		}
 	}
 
@@ -292,16 +350,16 @@ descriptors:
 			t.Fatalf("us-1 denied a hit under the limit: %d", code)
 		}
 	}
-	waitFor(t, 20*time.Second, "eu-1 applies us-1's batches from its stream", applied(eu))
+	waitFor(t, patience, "eu-1 applies us-1's batches from its stream", applied(eu))
 	for range limit / 2 {
 		if code := check(t, eu, body); code != 200 {
 			t.Fatalf("eu-1 denied a hit under the limit: %d", code)
 		}
 	}
-	waitFor(t, 20*time.Second, "us-1 applies eu-1's batches from its stream", applied(us))
+	waitFor(t, patience, "us-1 applies eu-1's batches from its stream", applied(us))
 	// Both have now heard all limit hits: the next one is denied on either side.
 	for _, addr := range []string{eu, us} {
-		waitFor(t, 10*time.Second, addr+" denies past the global limit", func() error {
+		waitFor(t, patience, addr+" denies past the global limit", func() error {
 			if code := check(t, addr, body); code != 429 {
 				return fmt.Errorf("status %d, want 429", code)
 			}
