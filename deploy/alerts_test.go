@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -148,7 +147,7 @@ func TestAlertMetricsExist(t *testing.T) {
 	startPoP(t, "pop", listen, nil, "--rules", rules, "--data", filepath.Join(dir, "data"),
 		"--store", redis.URL(), "--region", "eu", "--pop", "eu-1")
 	var samples []sample
-	waitFor(t, 10*time.Second, "replication metrics", func() error {
+	waitFor(t, patience, "replication metrics", func() error {
 		var err error
 		if samples, err = scrape(listen); err != nil {
 			return err

@@ -64,7 +64,7 @@ descriptors:
 	}
 	for expr, panel := range queries {
 		var series []map[string]string
-		waitFor(t, 20*time.Second, fmt.Sprintf("panel %q: %s", panel, expr), func() error {
+		waitFor(t, patience, fmt.Sprintf("panel %q: %s", panel, expr), func() error {
 			var err error
 			series, err = lab.PromQuery(promAddr, expr)
 			if err == nil && len(series) == 0 {
