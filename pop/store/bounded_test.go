@@ -27,32 +27,24 @@ func boundedStores(n int) []*Memory {
 }
 
 // flushAt delivers every store's delta at now to every other store.
-func flushAt(now int64, stores ...*Memory) {
-	deltas := make([][]crdt.Slot, len(stores))
-	for i, s := range stores {
-		deltas[i] = s.DeltaAt(now)
-	}
-	for i := range stores {
-		for j, to := range stores {
-			if i != j {
-				to.ApplyAt(now, now, deltas[i])
-			}
-		}
-	}
-}
+func flushAt(now int64, stores ...*Memory) { deliverAt(now, (*Memory).DeltaAt, stores...) }
 
 // snapshotAt delivers every store's snapshot at now to every other store:
 // their watermarks, from which each takes the others' counts of the
 // windows before now as final (in steady state, every snapshot interval).
-func snapshotAt(now int64, stores ...*Memory) {
-	snaps := make([][]crdt.Slot, len(stores))
+func snapshotAt(now int64, stores ...*Memory) { deliverAt(now, (*Memory).OwnAt, stores...) }
+
+// deliverAt takes what take says of every store at now, then delivers it,
+// sent at now, to every other store.
+func deliverAt(now int64, take func(*Memory, int64) []crdt.Slot, stores ...*Memory) {
+	sent := make([][]crdt.Slot, len(stores))
 	for i, s := range stores {
-		snaps[i] = s.OwnAt(now)
+		sent[i] = take(s, now)
 	}
 	for i := range stores {
 		for j, to := range stores {
 			if i != j {
-				to.ApplyAt(now, now, snaps[i])
+				to.ApplyAt(now, now, sent[i])
 			}
 		}
 	}
