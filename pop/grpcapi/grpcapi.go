@@ -17,6 +17,12 @@
 // field; a store that cannot decide gives codes.Unavailable; the caller's
 // deadline and cancellation reach the store through the context.
 //
+// The server has the HTTP API's budgets (limits.go): a request size, a
+// read timeout, a memory budget for streams receiving their requests,
+// streams per connection and connections, fixed flow-control windows and
+// keepalive enforcement, so that clients that open streams and never finish
+// them cannot exhaust a PoP.
+//
 // It imports pop, grpc and Envoy's generated types (go-control-plane).
 package grpcapi
 
@@ -38,6 +44,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -59,7 +66,28 @@ type Config struct {
 	Logger   *slog.Logger
 	// Now reads the clock; nil means time.Now.
 	Now func() time.Time
-	// Options are extra grpc.ServerOptions (TLS credentials, keepalive).
+	// MaxStreams bounds the streams of one connection at once (HTTP/2's
+	// SETTINGS_MAX_CONCURRENT_STREAMS; grpc resets those past it); 0 means
+	// DefaultMaxStreams.
+	MaxStreams uint32
+	// MaxConns bounds the connections Serve keeps open; one past it is
+	// closed as soon as it is accepted. 0 means DefaultMaxConns.
+	MaxConns int
+	// ReadTimeout bounds the time from a stream's headers to the end of its
+	// request: a stream that has not delivered its request by then is
+	// cancelled (ErrReadTimeout; the client sees CANCELLED and a reset
+	// stream), and a connection must send its HTTP/2 preface within it.
+	// 0 means DefaultReadTimeout.
+	ReadTimeout time.Duration
+	// ReceiveMemory bounds the memory of the streams receiving their
+	// requests, each counted as the most it may hold (160 KiB; see
+	// streamMemory), shared fairly between connections: past it a stream
+	// takes the place of the oldest stream of a connection holding more
+	// (cut off, ErrEvicted) or is refused with RESOURCE_EXHAUSTED, before
+	// grpc gives it a goroutine. 0 means DefaultReceiveMemory.
+	ReceiveMemory int64
+	// Options are extra grpc.ServerOptions (TLS credentials); they come
+	// after the Server's own, so they may override its limits.
 	Options []grpc.ServerOption
 }
 
@@ -69,6 +97,7 @@ type Config struct {
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	cfg    Config
+	gate   *gate
 	grpc   *grpc.Server
 	health *health.Server
 	states sync.Pool // *state
@@ -104,9 +133,28 @@ func New(cfg Config) *Server {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.MaxStreams == 0 {
+		cfg.MaxStreams = DefaultMaxStreams
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
+	}
+	if cfg.ReceiveMemory <= 0 {
+		cfg.ReceiveMemory = DefaultReceiveMemory
+	}
 	s := &Server{cfg: cfg, health: health.NewServer()}
+	s.gate = &gate{
+		max:      int(max(cfg.ReceiveMemory/streamMemory, 1)),
+		conns:    map[*peer.Peer]*connQueue{},
+		timeout:  cfg.ReadTimeout,
+		refused:  cfg.Requests.refusal("memory"),
+		timedOut: cfg.Requests.refusal("read_timeout"),
+	}
 	s.states.New = func() any { return new(state) }
-	opts := append([]grpc.ServerOption{
+	opts := append(limitOptions(&cfg, s.gate),
 		grpc.ChainUnaryInterceptor(cfg.Requests.interceptor),
 		// A pool of stream workers instead of a goroutine per call: a check
 		// is far shorter than starting a goroutine and growing its stack
@@ -115,7 +163,8 @@ func New(cfg Config) *Server {
 		// One write buffer per connection shared while idle: 64 connections
 		// of mostly idle checks need not hold 64 buffers.
 		grpc.SharedWriteBuffer(true),
-	}, cfg.Options...)
+	)
+	opts = append(opts, cfg.Options...)
 	s.grpc = grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, s)
 	healthpb.RegisterHealthServer(s.grpc, s.health)
@@ -123,8 +172,10 @@ func New(cfg Config) *Server {
 	return s
 }
 
-// Serve serves on l until Stop; it returns nil after Stop.
+// Serve serves on l, keeping at most Config.MaxConns of its connections
+// open, until Stop; it returns nil after Stop.
 func (s *Server) Serve(l net.Listener) error {
+	l = &connLimit{Listener: l, max: int64(s.cfg.MaxConns), refused: s.cfg.Requests.refusal("conns")}
 	if err := s.grpc.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return err
 	}

@@ -125,16 +125,22 @@ type fixture struct {
 	health healthpb.HealthClient
 	conn   *grpc.ClientConn
 	reg    *prometheus.Registry // holds edgelimit_grpc_requests_total
+	addr   string               // the server's address
 }
 
 // start serves a Server on a loopback port with the real engine and the
-// embedded store, at the fixed instant t0, and dials it.
-func start(t *testing.T) *fixture {
+// embedded store, at the fixed instant t0, and dials it. set, if given,
+// changes the Server's Config first.
+func start(t *testing.T, set ...func(*Config)) *fixture {
 	t.Helper()
 	st := &slowStore{Store: store.NewMemory(store.MemoryConfig{})}
 	eng := pop.NewEngine(st, testRules(t), nil)
 	reg := prometheus.NewRegistry()
-	srv := New(Config{Engine: eng, Requests: NewRequestCounter(reg), Now: func() time.Time { return t0 }})
+	cfg := Config{Engine: eng, Requests: NewRequestCounter(reg), Now: func() time.Time { return t0 }}
+	for _, f := range set {
+		f(&cfg)
+	}
+	srv := New(cfg)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -151,7 +157,7 @@ func start(t *testing.T) *fixture {
 		defer cancel()
 		srv.Stop(ctx)
 	})
-	return &fixture{srv: srv, store: st, engine: eng, client: rlsv3.NewRateLimitServiceClient(conn), health: healthpb.NewHealthClient(conn), conn: conn, reg: reg}
+	return &fixture{srv: srv, store: st, engine: eng, client: rlsv3.NewRateLimitServiceClient(conn), health: healthpb.NewHealthClient(conn), conn: conn, reg: reg, addr: ln.Addr().String()}
 }
 
 func desc(kv ...string) *ratelimitv3.RateLimitDescriptor {
@@ -352,13 +358,17 @@ func TestRequestCounter(t *testing.T) {
 			for _, p := range m.GetLabel() {
 				l[p.GetName()] = p.GetValue()
 			}
-			got[mf.GetName()+" "+l["method"]+" "+l["code"]] = m.GetCounter().GetValue()
+			got[mf.GetName()+" "+l["method"]+l["reason"]+" "+l["code"]] = m.GetCounter().GetValue()
 		}
 	}
 	want := map[string]float64{
 		"edgelimit_grpc_requests_total ShouldRateLimit OK":              5,
 		"edgelimit_grpc_requests_total ShouldRateLimit InvalidArgument": 2,
 		"edgelimit_grpc_requests_total Check OK":                        1,
+		// Nothing was turned away, and each reason shows as 0.
+		"edgelimit_grpc_refused_total conns ":        0,
+		"edgelimit_grpc_refused_total memory ":       0,
+		"edgelimit_grpc_refused_total read_timeout ": 0,
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("counts\n got %v\nwant %v", got, want)

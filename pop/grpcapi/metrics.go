@@ -25,6 +25,8 @@ type RequestCounter struct {
 	// once: finding a child by its labels (hashing them, a map under a
 	// lock) was a tenth of the handler's CPU in a profile.
 	ok prometheus.Counter
+	// refused counts what the server's budgets turned away (limits.go).
+	refused *prometheus.CounterVec
 }
 
 // NewRequestCounter creates the counter and registers it with reg.
@@ -33,7 +35,11 @@ func NewRequestCounter(reg prometheus.Registerer) *RequestCounter {
 		Name: "edgelimit_grpc_requests_total",
 		Help: "gRPC calls by method (ShouldRateLimit, Check, …) and status code (OK, InvalidArgument, DeadlineExceeded, …). An OVER_LIMIT answer is code OK.",
 	}, []string{"method", "code"})}
-	reg.MustRegister(c.calls)
+	c.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "edgelimit_grpc_refused_total",
+		Help: "gRPC connections and streams turned away by the server's budgets: reason conns (past --grpc-max-conns), memory (streams receiving past the memory budget, RESOURCE_EXHAUSTED), read_timeout (a request not received within --read-timeout, CANCELLED).",
+	}, []string{"reason"})
+	reg.MustRegister(c.calls, c.refused)
 	c.ok = c.calls.WithLabelValues(shouldRateLimit, codes.OK.String())
 	return c
 }
@@ -49,4 +55,13 @@ func (c *RequestCounter) interceptor(ctx context.Context, req any, info *grpc.Un
 		c.calls.WithLabelValues(path.Base(info.FullMethod), status.Code(err).String()).Inc()
 	}
 	return resp, err
+}
+
+// refusal returns a function counting refusals for reason; with a nil
+// *RequestCounter it counts nothing.
+func (c *RequestCounter) refusal(reason string) func() {
+	if c == nil {
+		return func() {}
+	}
+	return c.refused.WithLabelValues(reason).Inc
 }
