@@ -304,6 +304,12 @@ type scratch struct {
 	groupOut   []limit.Decision
 	decided    []bool
 	replaced   []*rules.Limit // see Engine.replaced
+	// dups are the occurrences of the keys the request names more than
+	// once (see repeat); empty for nearly every request. recount holds
+	// the items whose denied hits are counted after the decision (see
+	// countRepeated).
+	dups    []occurrence
+	recount []int
 	// slot* hold the request's concurrency limits (concurrency.go).
 	slots        []limit.SlotItem
 	slotOut      []limit.SlotDecision
@@ -353,6 +359,7 @@ func (e *Engine) check(ctx context.Context, now time.Time, req *Request, res *Re
 	defer e.scratch.Put(s)
 	s.keys, s.ends, s.items, s.limits, s.owner = s.keys[:0], s.ends[:0], s.items[:0], s.limits[:0], s.owner[:0]
 	s.hits, s.override = s.hits[:0], s.override[:0]
+	s.dups, s.recount = s.dups[:0], s.recount[:0]
 	replaced := e.replaced(dom, req, s)
 	s.slots, s.slotLimits, s.slotOwner = s.slots[:0], s.slotLimits[:0], s.slotOwner[:0]
 
@@ -389,13 +396,13 @@ func (e *Engine) check(ctx context.Context, now time.Time, req *Request, res *Re
 			l = mq.Limit(l)
 			start := len(s.keys)
 			s.keys = l.AppendKey(s.keys, entries)
-			s.push(res, start, l, di, hits, d.Limit != nil)
+			s.push(res, start, l, di, hits, d.Limit != nil, true)
 		}
 		for _, l := range tier {
 			l = q.Limit(l)
 			start := len(s.keys)
 			s.keys = l.AppendTenantKey(s.keys, dom.Tenants.Key, tenant)
-			s.push(res, start, l, di, hits, false)
+			s.push(res, start, l, di, hits, false, false)
 		}
 	}
 	n := len(s.limits)
@@ -408,6 +415,9 @@ func (e *Engine) check(ctx context.Context, now time.Time, req *Request, res *Re
 	for i, l := range s.limits {
 		s.items = append(s.items, itemFor(l, s.key(i), share, countDenied))
 		quotaMode = quotaMode || l.QuotaMode
+	}
+	if len(s.dups) > 0 {
+		s.liftCountDenied()
 	}
 	if cap(s.out) < n {
 		s.out = make([]limit.Decision, n)
@@ -451,6 +461,9 @@ func (e *Engine) check(ctx context.Context, now time.Time, req *Request, res *Re
 		return fmt.Errorf("pop: store: %w", err)
 	}
 	admitted = admitted && slotsOK
+	if !admitted && len(s.recount) > 0 {
+		e.countRepeated(ctx, s, nowNs)
+	}
 	e.settleSlots(ctx, s, res, admitted, nowNs)
 	if !admitted {
 		res.Code = OverLimit
@@ -463,24 +476,16 @@ func (e *Engine) check(ctx context.Context, now time.Time, req *Request, res *Re
 	}
 	for i, l := range s.limits {
 		d := s.out[i]
-		if s.hits[i] > 0 { // a check that counts nothing is no decision
-			e.metrics.decision(l, d.Allowed, admitted)
-		}
-		st := &res.Statuses[s.owner[i]]
-		if l.Shadow {
-			// Reported only while no enforced limit is (see Status.Shadow).
-			if st.Limit == nil || st.Shadow && d.Remaining < st.Remaining {
-				*st = Status{Limit: l, Remaining: d.Remaining, Reset: time.Duration(d.Reset), Shadow: true}
-			}
-			continue
-		}
-		if !d.Allowed && e.top != nil {
+		if !d.Allowed && !l.Shadow && e.top != nil {
 			e.top.Add(s.key(i), 1)
 		}
-		if st.Shadow || morePressing(d, st) {
-			*st = Status{Limit: l, Remaining: d.Remaining, Reset: time.Duration(d.Reset), RetryAfter: time.Duration(d.RetryAfter)}
-			if !d.Allowed {
-				st.Code = OverLimit
+		if len(s.dups) == 0 || !s.repeated(i) {
+			e.report(&res.Statuses[s.owner[i]], l, d, s.hits[i] > 0, admitted)
+			continue
+		}
+		for _, o := range s.dups {
+			if o.item == i {
+				e.report(&res.Statuses[o.di], l, s.occurrenceDecision(i, o, admitted), o.hits > 0 && s.hits[i] > 0, admitted)
 			}
 		}
 	}
@@ -496,6 +501,27 @@ func (e *Engine) check(ctx context.Context, now time.Time, req *Request, res *Re
 	return nil
 }
 
+// report makes decision d of limit l part of st, its descriptor's status, and
+// counts it in the metrics when it counted hits.
+func (e *Engine) report(st *Status, l *rules.Limit, d limit.Decision, counted, admitted bool) {
+	if counted { // a check that counts nothing is no decision
+		e.metrics.decision(l, d.Allowed, admitted)
+	}
+	if l.Shadow {
+		// Reported only while no enforced limit is (see Status.Shadow).
+		if st.Limit == nil || st.Shadow && d.Remaining < st.Remaining {
+			*st = Status{Limit: l, Remaining: d.Remaining, Reset: time.Duration(d.Reset), Shadow: true}
+		}
+		return
+	}
+	if st.Shadow || morePressing(d, st) {
+		*st = Status{Limit: l, Remaining: d.Remaining, Reset: time.Duration(d.Reset), RetryAfter: time.Duration(d.RetryAfter)}
+		if !d.Allowed {
+			st.Code = OverLimit
+		}
+	}
+}
+
 // decide asks the store about s.items and writes s.out; it reports whether
 // the request is admitted. When every item counts the same hits — the common
 // case — that is one atomic store step, and a denied request spends nothing.
@@ -507,6 +533,9 @@ func (e *Engine) decide(ctx context.Context, s *scratch, nowNs int64) (bool, err
 		uniform = uniform && h == first
 	}
 	if !uniform {
+		if len(s.dups) > 0 {
+			return e.decideRepeated(ctx, s, nowNs)
+		}
 		return e.decideGroups(ctx, s, nowNs)
 	}
 	if err := e.store.CheckAt(ctx, nowNs, first, s.items, s.out); err != nil {
@@ -523,6 +552,12 @@ func (e *Engine) decide(ctx context.Context, s *scratch, nowNs int64) (bool, err
 // denial has spent its hits, as every descriptor does in Envoy's ratelimit.
 // The hits of peeked items become 0 in s.hits.
 func (e *Engine) decideGroups(ctx context.Context, s *scratch, nowNs int64) (bool, error) {
+	return e.decideGroupsFrom(ctx, s, nowNs, 0)
+}
+
+// decideGroupsFrom is decideGroups deciding the items that count first hits
+// before the others that count hits, when first is above 0 (decideRepeated).
+func (e *Engine) decideGroupsFrom(ctx context.Context, s *scratch, nowNs int64, first int64) (bool, error) {
 	admitted := true
 	s.decided = append(s.decided[:0], make([]bool, len(s.items))...)
 	done := 0 // items decided so far
@@ -530,7 +565,9 @@ func (e *Engine) decideGroups(ctx context.Context, s *scratch, nowNs int64) (boo
 		// Pass 0 takes the 0-hit items, each later pass the hits of the
 		// first item not yet decided.
 		h := int64(0)
-		if pass > 0 {
+		if pass == 1 && first > 0 {
+			h = first
+		} else if pass > 0 {
 			for i, o := range s.hits {
 				if o > 0 && !s.decided[i] {
 					h = o
@@ -627,12 +664,17 @@ func (e *Engine) issue(s *scratch, nowNs int64) {
 }
 
 // push adds limit l of descriptor di, whose key is s.keys[start:], to the
-// check — unless the same key is already there (a repeated descriptor, or a
-// tier reached from two descriptors), which counts once.
-func (s *scratch) push(res *Result, start int, l *rules.Limit, di int, hits int64, override bool) {
+// check — unless the same key is already there. A key that another
+// descriptor named already is charged again when repeat is set (a repeated
+// descriptor: see repeat); else (a tier reached from two descriptors) the
+// request counts on it once.
+func (s *scratch) push(res *Result, start int, l *rules.Limit, di int, hits int64, override, repeat bool) {
 	for i := range s.ends {
 		if bytes.Equal(s.key(i), s.keys[start:]) {
 			s.keys = s.keys[:start]
+			if repeat {
+				s.repeat(i, di, hits)
+			}
 			return
 		}
 	}
@@ -644,6 +686,161 @@ func (s *scratch) push(res *Result, start int, l *rules.Limit, di int, hits int6
 	if !l.Shadow {
 		res.Policies = append(res.Policies, l)
 	}
+}
+
+// occurrence is one of the occurrences of a key that a request names more
+// than once: the item that counts the key, the descriptor, its hits, and
+// cum, the hits of the key's occurrences up to and including this one.
+type occurrence struct {
+	item, di  int
+	hits, cum int64
+}
+
+// repeat charges item i again for descriptor di, which named its key once
+// more. Envoy sends the same descriptor twice when two rate limit actions
+// produce it, and Envoy's ratelimit charges each occurrence, in order (one
+// INCRBY each): the second sees the first's hits. A store step cannot hold a
+// key twice, so the item counts the hits of every occurrence, and the
+// occurrences, kept in s.dups, get their statuses from its decision
+// (occurrenceDecision). Another limit of the same descriptor that names the
+// key is no new occurrence.
+func (s *scratch) repeat(i, di int, hits int64) {
+	last, seen := s.owner[i], false
+	for _, o := range s.dups {
+		if o.item == i {
+			last, seen = o.di, true
+		}
+	}
+	if last == di {
+		return
+	}
+	if !seen {
+		s.dups = append(s.dups, occurrence{item: i, di: s.owner[i], hits: s.hits[i], cum: s.hits[i]})
+	}
+	s.hits[i] += hits
+	s.dups = append(s.dups, occurrence{item: i, di: di, hits: hits, cum: s.hits[i]})
+}
+
+// repeated reports whether item i counts a key the request names more than once.
+func (s *scratch) repeated(i int) bool {
+	for _, o := range s.dups {
+		if o.item == i {
+			return true
+		}
+	}
+	return false
+}
+
+// occurrenceDecision is the decision for occurrence o of item i's key, from
+// the item's decision on the hits of all its occurrences, as Envoy's
+// ratelimit answers each: it fits when the hits of this occurrence and of
+// those before it do. When the request was admitted, its remaining is the
+// room after them (the first occurrence's after its own hits, the second's
+// after both); when the item's hits were counted though the request was
+// denied (countRepeated), the same, and none for an occurrence that did not
+// fit. Otherwise nothing was spent, and every occurrence reports the room the
+// key had, as any limit of a denied request does. An occurrence that does not
+// fit waits as long as the item: until the request's hits fit.
+func (s *scratch) occurrenceDecision(i int, o occurrence, admitted bool) limit.Decision {
+	d := s.out[i]
+	total := int64(0)
+	for _, p := range s.dups {
+		if p.item == i {
+			total = p.cum
+		}
+	}
+	spent := admitted && d.Allowed && s.hits[i] > 0
+	room := d.Remaining // the room before the request
+	if spent {
+		room += total
+	}
+	if !spent && s.hits[i] > 0 && slices.Contains(s.recount, i) {
+		spent = true // counted after the decision (countRepeated)
+	}
+	fits := o.cum <= room
+	if o.hits == 0 {
+		fits = o.cum < room // a check that counts nothing: one more hit fits
+	}
+	od := limit.Decision{Allowed: fits, Remaining: room, Reset: d.Reset}
+	switch {
+	case !fits:
+		od.RetryAfter = max(d.RetryAfter, 1)
+		if spent {
+			od.Remaining = 0
+		}
+	case spent:
+		od.Remaining = room - o.cum
+	}
+	return od
+}
+
+// liftCountDenied takes CountDenied off the items of repeated keys, so that
+// the decision says how much room such a key had even when it denies (a
+// denied CountDenied item reports none: its hits are spent), and puts them
+// in s.recount: countRepeated counts their hits when the request is denied.
+// Shadow and sliding_log items, which never count denied hits
+// (limit.Item.CountDenied), keep it.
+func (s *scratch) liftCountDenied() {
+	for _, o := range s.dups {
+		if it := &s.items[o.item]; it.CountDenied && !it.Shadow && it.Spec.Algorithm != limit.SlidingLog {
+			it.CountDenied = false
+			s.recount = append(s.recount, o.item)
+		}
+	}
+}
+
+// countRepeated counts the hits of a denied request on the items of repeated
+// keys that count denied hits (liftCountDenied), as their CountDenied would
+// have: the store adds hits that do not fit to such an item too. Items only
+// peeked at count nothing, as in decideGroups. The request is decided: a
+// store error here is counted, and changes no answer.
+func (e *Engine) countRepeated(ctx context.Context, s *scratch, nowNs int64) {
+	for _, i := range s.recount {
+		if s.hits[i] == 0 {
+			continue
+		}
+		s.groupItems = append(s.groupItems[:0], s.items[i])
+		s.groupItems[0].CountDenied = true
+		s.groupOut = append(s.groupOut[:0], limit.Decision{})
+		if err := e.store.CheckAt(ctx, nowNs, s.hits[i], s.groupItems, s.groupOut); err != nil {
+			e.metrics.storeError()
+		}
+	}
+}
+
+// decideRepeated is decide for a request whose repeated keys make its items
+// count different hits, though its descriptors may count the same (three
+// occurrences of one key and one of another: 3 and 1). One store step counts
+// one number of hits, so the items are decided in groups of equal hits
+// (decideGroups), where a group decided before a later one denies would have
+// spent its hits. So all of them are peeked at first, in one step: when one
+// would deny, its group is decided first, and the request is denied before
+// anything is spent. Only a concurrent request that takes the room between
+// the peek and the groups can leave an earlier group spent.
+func (e *Engine) decideRepeated(ctx context.Context, s *scratch, nowNs int64) (bool, error) {
+	s.groupIdx, s.groupItems = s.groupIdx[:0], s.groupItems[:0]
+	for i := range s.items {
+		if s.hits[i] > 0 {
+			s.groupIdx = append(s.groupIdx, i)
+			s.groupItems = append(s.groupItems, s.items[i])
+			s.groupItems[len(s.groupItems)-1].CountDenied = false // a peek counts nothing
+		}
+	}
+	if len(s.groupIdx) == 0 { // every item only peeked at
+		return e.decideGroups(ctx, s, nowNs)
+	}
+	s.groupOut = append(s.groupOut[:0], make([]limit.Decision, len(s.groupIdx))...)
+	if err := e.store.CheckAt(ctx, nowNs, peekHits(s.groupItems), s.groupItems, s.groupOut); err != nil {
+		return false, err
+	}
+	first := int64(0)
+	for j, i := range s.groupIdx {
+		if s.groupOut[j].Remaining < s.hits[i] && !s.items[i].Shadow {
+			first = s.hits[i]
+			break
+		}
+	}
+	return e.decideGroupsFrom(ctx, s, nowNs, first)
 }
 
 // itemFor is the store item of limit l under key: while the region is cut

@@ -129,15 +129,95 @@ func TestShadowUnlimitedUnknown(t *testing.T) {
 	}
 }
 
-func TestRepeatedDescriptorCountsOnce(t *testing.T) {
-	e := newTestEngine(t)
+// countingStore counts the store steps a check takes.
+type countingStore struct {
+	Store
+	calls int
+}
+
+func (c *countingStore) CheckAt(ctx context.Context, now, hits int64, items []limit.Item, out []limit.Decision) error {
+	c.calls++
+	return c.Store.CheckAt(ctx, now, hits, items, out)
+}
+
+// TestRepeatedDescriptorCountsEach: a descriptor sent three times is charged
+// three times, each occurrence seeing the ones before it, as Envoy's
+// ratelimit charges them — in one store step, so all or nothing.
+func TestRepeatedDescriptorCountsEach(t *testing.T) {
+	st := &countingStore{Store: store.NewMemory(store.MemoryConfig{})}
+	e := NewEngine(st, testRules(t), nil)
 	var res Result
 	ip := []string{"remote_address", "9.9.9.9"}
 	if err := e.CheckAt(context.Background(), t0, req(1, ip, ip, ip), &res); err != nil {
 		t.Fatal(err)
 	}
-	if res.Statuses[0].Remaining != 29 {
-		t.Fatalf("remaining %d, want 29", res.Statuses[0].Remaining)
+	for i, want := range []int64{29, 28, 27} {
+		if s := res.Statuses[i]; s.Code != OK || s.Limit == nil || s.Remaining != want {
+			t.Fatalf("status %d: %+v, want OK with %d remaining", i, s, want)
+		}
+	}
+	if res.Decisive != 2 || st.calls != 1 {
+		t.Fatalf("decisive %d, %d store steps; want 2 and 1", res.Decisive, st.calls)
+	}
+	if err := e.CheckAt(context.Background(), t0, req(1, ip), &res); err != nil || res.Statuses[0].Remaining != 26 {
+		t.Fatalf("after: %v %+v", err, res.Statuses[0])
+	}
+	// 26 left: 25 and 2 do not fit together; nothing is spent.
+	r := req(0, ip, ip)
+	r.Descriptors[0].HitsAddend, r.Descriptors[1].HitsAddend = ptr(int64(25)), ptr(int64(2))
+	if err := e.CheckAt(context.Background(), t0, r, &res); err != nil || res.Code != OverLimit ||
+		res.Statuses[0].Code != OK || res.Statuses[0].Remaining != 26 || res.Statuses[1].Code != OverLimit || res.Decisive != 1 {
+		t.Fatalf("25 and 2: %v %+v", err, res)
+	}
+}
+
+// TestRepeatedKeyDeniedFirst: a repeated key makes the items count different
+// hits (2 and 1), which takes a store step per group; the peek before them
+// puts the group that denies first, so the request spends nothing.
+func TestRepeatedKeyDeniedFirst(t *testing.T) {
+	st := &countingStore{Store: store.NewMemory(store.MemoryConfig{})}
+	e := NewEngine(st, testRules(t), nil)
+	ctx := context.Background()
+	var res Result
+	ip, key := []string{"remote_address", "8.8.8.8"}, []string{"api_key", "k"}
+	if err := e.CheckAt(ctx, t0, req(30, ip), &res); err != nil || res.Code != OK {
+		t.Fatalf("fill: %v %+v", err, res)
+	}
+	st.calls = 0
+	if err := e.CheckAt(ctx, t0, req(1, key, key, ip), &res); err != nil || res.Code != OverLimit ||
+		res.Statuses[0].Remaining != 100 || res.Statuses[1].Remaining != 100 || res.Statuses[2].Code != OverLimit {
+		t.Fatalf("denied: %v %+v", err, res)
+	}
+	if st.calls != 3 { // the peek, the denying group, the other group peeked at
+		t.Fatalf("%d store steps, want 3", st.calls)
+	}
+	if err := e.CheckAt(ctx, t0, req(1, key), &res); err != nil || res.Statuses[0].Remaining != 99 {
+		t.Fatalf("api_key after: %v %+v", err, res.Statuses[0])
+	}
+}
+
+// TestRepeatedShadowCountDenied: with denied hits counted, a denied request
+// counts a repeated key's hits after the decision — but not a shadow
+// limit's, which never counts denied hits.
+func TestRepeatedShadowCountDenied(t *testing.T) {
+	e := newTestEngine(t)
+	e.SetCountDenied(true)
+	ctx := context.Background()
+	var res Result
+	ip, user := []string{"remote_address", "7.7.7.7"}, []string{"user", "u"}
+	if err := e.CheckAt(ctx, t0, req(30, ip), &res); err != nil || res.Code != OK {
+		t.Fatalf("fill: %v %+v", err, res)
+	}
+	r := req(1, user, user, ip)
+	r.Descriptors[0].HitsAddend = ptr(int64(0))
+	if err := e.CheckAt(ctx, t0, r, &res); err != nil || res.Code != OverLimit ||
+		!res.Statuses[0].Shadow || res.Statuses[0].Remaining != 1 || res.Statuses[1].Remaining != 1 {
+		t.Fatalf("denied: %v %+v", err, res)
+	}
+	peek := req(1, user)
+	peek.Descriptors[0].HitsAddend = ptr(int64(0))
+	if err := e.CheckAt(ctx, t0, peek, &res); err != nil || res.Statuses[0].Remaining != 1 {
+		t.Fatalf("shadow after: %v %+v, want 1 remaining: the denied request counted nothing on it", err, res.Statuses[0])
 	}
 }
 
