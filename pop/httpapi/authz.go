@@ -51,7 +51,7 @@ func (s *Server) handleAuthz(w http.ResponseWriter, r *http.Request) {
 	defer s.putState(st)
 	st.req = pop.Request{Domain: dom.Name, Descriptors: st.req.Descriptors[:0]}
 	for _, entries := range dom.ForwardAuth.Descriptors {
-		d, ok := deriveDescriptor(r, entries)
+		d, ok := s.deriveDescriptor(r, entries)
 		if ok {
 			st.req.Descriptors = append(st.req.Descriptors, d)
 		}
@@ -86,12 +86,12 @@ func (s *Server) handleAuthz(w http.ResponseWriter, r *http.Request) {
 	writeProblem(w, status, st.out)
 }
 
-func deriveDescriptor(r *http.Request, entries []rules.AuthEntry) (pop.Descriptor, bool) {
+func (s *Server) deriveDescriptor(r *http.Request, entries []rules.AuthEntry) (pop.Descriptor, bool) {
 	d := pop.Descriptor{Entries: make([]rules.Entry, 0, len(entries))}
 	for _, e := range entries {
 		v := e.Value
 		if e.From != "" {
-			v = authValue(r, e.From)
+			v = s.authValue(r, e.From)
 		}
 		if v == "" {
 			return d, false
@@ -102,10 +102,10 @@ func deriveDescriptor(r *http.Request, entries []rules.AuthEntry) (pop.Descripto
 }
 
 // authValue reads one forward-auth source from the sub-request.
-func authValue(r *http.Request, from string) string {
+func (s *Server) authValue(r *http.Request, from string) string {
 	switch from {
 	case "client_ip":
-		return clientIP(r)
+		return clientIP(r, s.cfg.ClientIPHeader)
 	case "method":
 		return originalMethod(r)
 	case "path":
@@ -124,15 +124,13 @@ func authValue(r *http.Request, from string) string {
 	return ""
 }
 
-// clientIP is X-Real-IP when the proxy set it, else the last X-Forwarded-For
-// address — the one the proxy in front of us appended, which a client cannot
-// forge, unlike the first — else the peer address.
-func clientIP(r *http.Request) string {
-	if ip := strings.TrimSpace(r.Header.Get("X-Real-IP")); ip != "" {
-		return ip
-	}
-	if xff := r.Header.Values("X-Forwarded-For"); len(xff) > 0 {
-		last := xff[len(xff)-1]
+// clientIP is the last address in header (canonical), the one the proxy in
+// front of us appended or wrote, which a client cannot forge, unlike the
+// first; else the peer address. No other header counts: a proxy that passes
+// a client's X-Real-IP through would let the client choose its key.
+func clientIP(r *http.Request, header string) string {
+	if vs := r.Header[header]; len(vs) > 0 {
+		last := vs[len(vs)-1]
 		if i := strings.LastIndexByte(last, ','); i >= 0 {
 			last = last[i+1:]
 		}

@@ -29,6 +29,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/textproto"
 	"os"
 	"strconv"
 	"strings"
@@ -56,6 +57,12 @@ const (
 	// request's Content-Length; past it the buffer grows as data arrives,
 	// so a client cannot make the server allocate what it only announces.
 	presize = 16 << 10
+	// DefaultClientIPHeader is Config.ClientIPHeader's default. Every proxy
+	// the examples document appends the client's address to it, so its
+	// last address is the proxy's word even when a client sends its own
+	// (nginx's $proxy_add_x_forwarded_for, Caddy's forward_auth, Traefik's
+	// ForwardAuth, Envoy with use_remote_address).
+	DefaultClientIPHeader = "X-Forwarded-For"
 	// maxPooled is the largest body or output buffer kept for reuse;
 	// larger ones, grown by an occasional big batch, go to the collector.
 	maxPooled = 64 << 10
@@ -85,6 +92,14 @@ type Config struct {
 	// HideMitigations leaves GET /v1/mitigations out (404): it lists key
 	// values, possibly API keys, to anyone who can reach the port.
 	HideMitigations bool
+	// ClientIPHeader names the header /v1/authz reads the client's address
+	// from (the rules' client_ip): its last address, the one the proxy in
+	// front of edgelimit appended or wrote; without the header, the peer's
+	// address. Name only a header the operator's proxy writes or appends
+	// to: a header the proxy passes through from the client lets a client
+	// choose the address that limits it (Caddy's forward_auth passes a
+	// client's X-Real-IP). Empty means DefaultClientIPHeader.
+	ClientIPHeader string
 	// DecodeProto, when set, decodes a check body in Envoy's protobuf JSON
 	// mapping (grpcapi.DecodeJSON); /v1/check tries it on a body its own
 	// decoder refuses, so both snake_case and camelCase requests work.
@@ -172,6 +187,10 @@ func New(cfg Config) *Server {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.ClientIPHeader == "" {
+		cfg.ClientIPHeader = DefaultClientIPHeader
+	}
+	cfg.ClientIPHeader = textproto.CanonicalMIMEHeaderKey(cfg.ClientIPHeader)
 	s := &Server{cfg: cfg, mux: http.NewServeMux()}
 	s.bufs.New = func() any { return &reqState{body: make([]byte, 0, 1024), out: make([]byte, 0, 1024)} }
 	s.mux.HandleFunc("/v1/check", s.handleCheck)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -215,7 +216,7 @@ func TestAuthz(t *testing.T) {
 				resp.Body.Close()
 				return resp
 			}
-			h := map[string]string{"X-Real-IP": "203.0.113.7", "X-Original-Method": "GET", "X-Original-URI": "/x?y=1"}
+			h := map[string]string{"X-Forwarded-For": "203.0.113.7", "X-Original-Method": "GET", "X-Original-URI": "/x?y=1"}
 			for i := range 30 {
 				if resp := get(h); resp.StatusCode != 200 || resp.Header.Get("X-RateLimit-Remaining") != strconv.Itoa(29-i) {
 					t.Fatalf("authz %d: %d remaining %q", i, resp.StatusCode, resp.Header.Get("X-RateLimit-Remaining"))
@@ -233,13 +234,52 @@ func TestAuthz(t *testing.T) {
 			if resp := get(map[string]string{"X-Forwarded-For": "203.0.113.7, 198.51.100.1"}); resp.StatusCode != 200 {
 				t.Fatalf("other client: %d", resp.StatusCode)
 			}
+			// A client cannot choose its address by sending X-Real-IP, which
+			// some proxies (Caddy's forward_auth) pass through.
+			forged := maps.Clone(h)
+			forged["X-Real-IP"] = "10.8.8.1"
+			if resp := get(forged); resp.StatusCode != want {
+				t.Fatalf("forged X-Real-IP: %d, want %d", resp.StatusCode, want)
+			}
 			// The API key descriptor applies when its header is present.
-			hk := map[string]string{"X-Real-IP": "192.0.2.1", "X-API-Key": "k1", "X-Forwarded-Method": "POST", "X-Forwarded-Uri": "/api/v1/orders"}
+			hk := map[string]string{"X-Forwarded-For": "192.0.2.1", "X-API-Key": "k1", "X-Forwarded-Method": "POST", "X-Forwarded-Uri": "/api/v1/orders"}
 			for range 20 {
 				get(hk)
 			}
 			if resp := get(hk); resp.StatusCode != want || resp.Header.Get("RateLimit") == "" || !strings.HasPrefix(resp.Header.Get("RateLimit"), `"writes"`) {
 				t.Fatalf("21st order via authz: %d %q", resp.StatusCode, resp.Header.Get("RateLimit"))
+			}
+		})
+	}
+}
+
+// TestClientIP: client_ip is the last address of the one header the
+// operator names (the hop its proxy appended or wrote), else the peer; no
+// other header counts, whatever a client sends.
+func TestClientIP(t *testing.T) {
+	for _, c := range []struct {
+		name, header string
+		hdr          [][2]string
+		want         string
+	}{
+		{"last X-Forwarded-For hop", "", [][2]string{{"X-Forwarded-For", "10.0.0.1, 203.0.113.7"}}, "203.0.113.7"},
+		{"last of several X-Forwarded-For lines", "", [][2]string{{"X-Forwarded-For", "10.0.0.1"}, {"X-Forwarded-For", "198.51.100.2 , 203.0.113.7 "}}, "203.0.113.7"},
+		{"X-Real-IP ignored by default", "", [][2]string{{"X-Real-IP", "10.8.8.1"}, {"X-Forwarded-For", "10.8.8.1, 203.0.113.7"}}, "203.0.113.7"},
+		{"X-Real-IP alone: the peer", "", [][2]string{{"X-Real-IP", "10.8.8.1"}}, "192.0.2.9"},
+		{"no header: the peer", "", nil, "192.0.2.9"},
+		{"empty header: the peer", "", [][2]string{{"X-Forwarded-For", " "}}, "192.0.2.9"},
+		{"X-Real-IP named", "x-real-ip", [][2]string{{"X-Real-IP", "203.0.113.7"}, {"X-Forwarded-For", "10.8.8.1"}}, "203.0.113.7"},
+		{"X-Real-IP named, absent: the peer, not X-Forwarded-For", "X-Real-IP", [][2]string{{"X-Forwarded-For", "10.8.8.1"}}, "192.0.2.9"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := New(Config{ClientIPHeader: c.header})
+			r := httptest.NewRequest("GET", "/v1/authz", nil)
+			r.RemoteAddr = "192.0.2.9:4711"
+			for _, h := range c.hdr {
+				r.Header.Add(h[0], h[1])
+			}
+			if got := srv.authValue(r, "client_ip"); got != c.want {
+				t.Errorf("client_ip %q, want %q", got, c.want)
 			}
 		})
 	}

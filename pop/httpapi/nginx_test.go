@@ -51,7 +51,8 @@ func TestNginxForwardAuth(t *testing.T) {
 		t.Errorf("rules.yaml: %s", w) // the example should load cleanly
 	}
 	eng := pop.NewEngine(store.NewMemory(store.MemoryConfig{}), set, nil)
-	api := httptest.NewServer(New(Config{Engine: eng})) // 127.0.0.1, free port
+	header := exampleClientIPHeader(t, filepath.Join(nginxExample, "nginx.conf"))
+	api := httptest.NewServer(New(Config{Engine: eng, ClientIPHeader: header})) // 127.0.0.1, free port
 	t.Cleanup(api.Close)
 
 	var hits atomic.Int64
@@ -175,9 +176,65 @@ func TestNginxForwardAuth(t *testing.T) {
 		t.Errorf("forged X-Real-IP: %d %q, want 429", resp.StatusCode, body)
 	}
 
-	if n := hits.Load(); n != nginxPerIP {
-		t.Errorf("backend saw %d requests, want %d", n, nginxPerIP)
+	// Another client, from another address, has its own quota: edgelimit
+	// limits by the address nginx saw, not by nginx's own.
+	if resp, body := other.get(t, base+"/hello", nil); resp.StatusCode != http.StatusOK {
+		t.Errorf("a client from %s: %d %q, want 200", otherClientIP, resp.StatusCode, body)
 	}
+
+	if n := hits.Load(); n != nginxPerIP+1 {
+		t.Errorf("backend saw %d requests, want %d", n, nginxPerIP+1)
+	}
+}
+
+// otherClientIP is a second client's address: Linux routes all of
+// 127.0.0.0/8 to the loopback interface.
+const otherClientIP = "127.0.0.2"
+
+// other is a client whose connections come from otherClientIP.
+var other = fromClient{ip: otherClientIP}
+
+type fromClient struct{ ip string }
+
+// get sends a GET from the client's address, bounded in time.
+func (c fromClient) get(t *testing.T, url string, hdr map[string]string) (*http.Response, string) {
+	t.Helper()
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(c.ip)}, Timeout: 2 * time.Second}
+	tr := &http.Transport{Proxy: nil, DialContext: d.DialContext}
+	defer tr.CloseIdleConnections()
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := (&http.Client{Transport: tr, Timeout: 2 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(body)
+}
+
+// exampleClientIPHeader returns the --client-ip-header an example's file
+// tells the operator to run edgelimit with, so that the test runs what the
+// example says.
+func exampleClientIPHeader(t *testing.T, file string) string {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`--client-ip-header[ =]([A-Za-z0-9-]+)`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("%s does not say which --client-ip-header to run edgelimit with", file)
+	}
+	return string(m[1])
 }
 
 // nginxBinary finds nginx, or skips the test — loudly, since the skip hides
