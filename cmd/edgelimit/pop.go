@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/edgelimit/edgelimit/pop/grpcapi"
 	"github.com/edgelimit/edgelimit/pop/httpapi"
 	"github.com/edgelimit/edgelimit/pop/node"
 	"github.com/edgelimit/edgelimit/pop/quota"
@@ -55,9 +57,12 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 		bodyMemoryMiB       int
 		mitigationsEndpoint bool
 		minFreeMiB          int64
+		grpcMaxStreams      uint
 	)
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8080", "address of the HTTP API")
 	fs.StringVar(&cfg.GRPCListen, "grpc-listen", "", "`address` of Envoy's gRPC rate limit service (envoy.service.ratelimit.v3) and the gRPC health service (off when empty)")
+	fs.UintVar(&grpcMaxStreams, "grpc-max-streams", grpcapi.DefaultMaxStreams, "streams a gRPC connection may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS)")
+	fs.IntVar(&cfg.GRPCMaxConns, "grpc-max-conns", grpcapi.DefaultMaxConns, "gRPC connections open at once; one past it is closed at once (--read-timeout and\n--max-body-memory-mib bound gRPC requests too)")
 	fs.Var(&rules, "rules", "rule `files or directories` (comma-separated or repeated); YAML in Envoy ratelimit's format")
 	fs.DurationVar(&cfg.RulesInterval, "rules-interval", time.Second, "how often to check the rule files for changes")
 	fs.BoolVar(&cfg.CountDeniedHits, "count-denied-hits", false, "pop-scope limits count the hits of denied requests too, as Envoy's ratelimit does (a client that\nkeeps sending stays over); by default a denied request spends no quota")
@@ -76,8 +81,9 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.MaxKeys, "max-keys", store.DefaultMaxKeys, "most keys the embedded store holds (about 150 bytes each); idle keys go first")
 	fs.StringVar(&cfg.DebugListen, "debug-listen", "", "`address` for net/http/pprof (off when empty; keep it private)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take; then open connections are closed")
-	fs.DurationVar(&cfg.ReadTimeout, "read-timeout", node.DefaultReadTimeout, "how long a client may take to send a request, headers and body (408 past it)")
-	fs.IntVar(&bodyMemoryMiB, "max-body-memory-mib", httpapi.DefaultMaxBodyMemory>>20, "MiB that request bodies in flight may hold together (503 with Retry-After past it); at least 24,\nwhat the largest batch needs")
+	fs.DurationVar(&cfg.ReadTimeout, "read-timeout", node.DefaultReadTimeout, "how long a client may take to send a request, headers and body (408 past it); a gRPC stream\nthat has not sent its request by then is cancelled")
+	fs.IntVar(&bodyMemoryMiB, "max-body-memory-mib", httpapi.DefaultMaxBodyMemory>>20, "MiB that request bodies in flight may hold together (503 with Retry-After past it); at least 24,\nwhat the largest batch needs. gRPC streams receiving their requests have a budget of the same size\n(160 KiB a stream; RESOURCE_EXHAUSTED past it)")
+	fs.StringVar(&cfg.ClientIPHeader, "client-ip-header", httpapi.DefaultClientIPHeader, "`header` /v1/authz reads a client's address from (client_ip in forward_auth rules): its last address,\nthe one your proxy appended or wrote; without it, the peer's. Name only a header your proxy writes:\nX-Forwarded-For (nginx, Caddy, Traefik and Envoy as deploy/examples configure them), or X-Real-IP\nbehind a proxy that overwrites it (Caddy passes a client's own)")
 	fs.BoolVar(&mitigationsEndpoint, "mitigations-endpoint", true, "serve GET /v1/mitigations, which lists the keys under mitigation (possibly API keys)\nto anyone who can reach --listen")
 	fs.IntVar(&cfg.TopKeys, "top-keys", node.DefaultTopKeys, "size of the fixed-memory sketch of the most limited keys (GET /v1/top, unless\n--mitigations-endpoint=false; metric edgelimit_top_limited_keys); 0 keeps none")
 	fs.StringVar(&repl.region, "region", "", "this PoP's region; with --pop, limits with scope region or global count across PoPs")
@@ -130,7 +136,14 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--read-timeout must be > 0, got %v", cfg.ReadTimeout)
 	case bodyMemoryMiB < 24:
 		return fmt.Errorf("--max-body-memory-mib must be at least 24 (one largest batch), got %d", bodyMemoryMiB)
+	case grpcMaxStreams < 1 || grpcMaxStreams > math.MaxUint32:
+		return fmt.Errorf("--grpc-max-streams must be between 1 and %d, got %d", uint32(math.MaxUint32), grpcMaxStreams)
+	case cfg.GRPCMaxConns < 1:
+		return fmt.Errorf("--grpc-max-conns must be > 0, got %d", cfg.GRPCMaxConns)
+	case cfg.ClientIPHeader == "" || strings.ContainsAny(cfg.ClientIPHeader, " :\t\r\n"):
+		return fmt.Errorf("--client-ip-header must be a header name, got %q", cfg.ClientIPHeader)
 	}
+	cfg.GRPCMaxStreams = uint32(grpcMaxStreams)
 	cfg.MaxBodyMemory = int64(bodyMemoryMiB) << 20
 	cfg.HideMitigations = !mitigationsEndpoint
 	if redisPasswordFile != "" {

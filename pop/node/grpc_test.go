@@ -19,7 +19,8 @@ import (
 
 // TestRunServesGRPC: with GRPCListen, a PoP serves Envoy's rate limit
 // service and gRPC health beside the HTTP API, on the same engine, counts
-// the calls in its metrics, and stops both on shutdown.
+// the calls in its metrics, keeps to its limits (GRPCMaxConns), and stops
+// both on shutdown.
 func TestRunServesGRPC(t *testing.T) {
 	dir := t.TempDir()
 	rf := filepath.Join(dir, "rules.yaml")
@@ -27,7 +28,7 @@ func TestRunServesGRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	grpcReady := make(chan net.Addr, 1)
-	base, stop, done := start(t, Config{Rules: []string{rf}, RulesInterval: time.Hour, DataDir: dir, GRPCListen: "127.0.0.1:0", GRPCReady: grpcReady})
+	base, stop, done := start(t, Config{Rules: []string{rf}, RulesInterval: time.Hour, DataDir: dir, GRPCListen: "127.0.0.1:0", GRPCReady: grpcReady, GRPCMaxConns: 1})
 	addr := <-grpcReady
 	conn, err := grpc.NewClient(addr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -53,6 +54,19 @@ func TestRunServesGRPC(t *testing.T) {
 	}
 	if resp, err = rls.ShouldRateLimit(ctx, req); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Fatalf("third check over gRPC: %v %v", resp, err)
+	}
+	// GRPCMaxConns 1, held by conn: a second connection is closed at once.
+	c2, err := net.Dial("tcp", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c2.SetReadDeadline(time.Now().Add(2 * time.Minute))
+	if n, err := c2.Read(make([]byte, 64)); err == nil {
+		t.Errorf("a second gRPC connection past GRPCMaxConns 1 was served (read %d bytes)", n)
+	}
+	c2.Close()
+	if !strings.Contains(string(metricsText(t, base)), `edgelimit_grpc_refused_total{reason="conns"} 1`) {
+		t.Error(`metrics lack edgelimit_grpc_refused_total{reason="conns"} 1`)
 	}
 	body := metricsText(t, base)
 	for _, want := range []string{`edgelimit_grpc_requests_total{code="OK",method="ShouldRateLimit"} 2`, `edgelimit_check_duration_seconds_count{api="grpc"} 2`} {

@@ -38,6 +38,11 @@ type Config struct {
 	// GRPCListen, when set, is the address of Envoy's gRPC rate limit
 	// service and the gRPC health service (grpcapi).
 	GRPCListen string
+	// GRPCMaxStreams and GRPCMaxConns bound the gRPC service's streams per
+	// connection and connections (grpcapi.Config); 0 means grpcapi's
+	// defaults. ReadTimeout and MaxBodyMemory bound it too.
+	GRPCMaxStreams uint32
+	GRPCMaxConns   int
 	// Rules are rule files or directories of rule files.
 	Rules []string
 	// RulesInterval is how often rule files are polled for changes.
@@ -121,11 +126,17 @@ type Config struct {
 	// connections still open are closed.
 	ShutdownTimeout time.Duration
 	// ReadTimeout bounds the time a client may take to send a request's
-	// headers and body; 0 means DefaultReadTimeout.
+	// headers and body, over HTTP and gRPC alike; 0 means
+	// DefaultReadTimeout.
 	ReadTimeout time.Duration
 	// MaxBodyMemory bounds the memory held by request bodies in flight
-	// (httpapi.Config.MaxBodyMemory); 0 means httpapi's default.
+	// (httpapi.Config.MaxBodyMemory), and apart from it the memory of gRPC
+	// streams receiving their requests (grpcapi.Config.ReceiveMemory); 0
+	// means httpapi's and grpcapi's defaults.
 	MaxBodyMemory int64
+	// ClientIPHeader names the header /v1/authz reads a client's address
+	// from (httpapi.Config.ClientIPHeader); empty means httpapi's default.
+	ClientIPHeader string
 	// HideMitigations leaves GET /v1/mitigations out of the API: it lists
 	// the keys (possibly API keys) under mitigation to anyone who can reach
 	// the port.
@@ -387,6 +398,7 @@ func Run(ctx context.Context, cfg Config) error {
 		MetricsHandler:  promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
 		Ready:           ready,
 		MaxBodyMemory:   cfg.MaxBodyMemory,
+		ClientIPHeader:  cfg.ClientIPHeader,
 		HideMitigations: cfg.HideMitigations,
 		DecodeProto:     grpcapi.DecodeJSON,
 		Logger:          log,
@@ -417,7 +429,10 @@ func Run(ctx context.Context, cfg Config) error {
 
 	var gsrv *grpcapi.Server
 	if grpcLn != nil {
-		gsrv = grpcapi.New(grpcapi.Config{Engine: eng, Metrics: metrics, Requests: grpcapi.NewRequestCounter(reg), Logger: log})
+		gsrv = grpcapi.New(grpcapi.Config{
+			Engine: eng, Metrics: metrics, Requests: grpcapi.NewRequestCounter(reg), Logger: log,
+			MaxStreams: cfg.GRPCMaxStreams, MaxConns: cfg.GRPCMaxConns, ReadTimeout: readTimeout, ReceiveMemory: cfg.MaxBodyMemory,
+		})
 		// The rules loaded before serving; the health service follows the
 		// store's readiness, as /readyz does.
 		gsrv.SetServing(ready() == nil)
