@@ -55,21 +55,28 @@ descriptors:
 		t.Fatalf("a burst of 120 over two PoPs admitted %d of a bounded 40", burst.Load())
 	}
 	// A client pinned to a, on another key: a holds half of its limit at
-	// first, and b's unused half moves to it within a few flushes. Checks
-	// paced over 3 s.
+	// first, and b's unused half moves to it once its demand is heard. It
+	// keeps asking, 20 ms apart, until it has the whole limit (within a
+	// patient bound: a loaded machine is slow, not wrong), then some more,
+	// which must all be denied.
 	pinned := 0
-	deadline := time.Now().Add(3 * time.Second)
-	for time.Now().Before(deadline) {
+	deadline := time.Now().Add(2 * time.Minute)
+	for pinned < 40 && time.Now().Before(deadline) {
 		if checkKey(t, a, "p") == 200 {
 			pinned++
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Logf("a client pinned to a got %d of a bounded 40 in 3 s", pinned)
+	if pinned < 40 {
+		t.Fatalf("a client pinned to a got %d of a bounded 40 in 2 minutes: b's share did not move to it", pinned)
+	}
+	for range 20 {
+		if checkKey(t, a, "p") == 200 {
+			pinned++
+		}
+	}
+	t.Logf("a client pinned to a got %d of a bounded 40", pinned)
 	if pinned > 40 {
 		t.Fatalf("a client pinned to a got %d, over the bounded 40", pinned)
-	}
-	if pinned < 38 {
-		t.Fatalf("a client pinned to a got %d of 40 in 3 s: b's share did not move to it", pinned)
 	}
 }
