@@ -89,6 +89,17 @@ func TestRunPopBadFlags(t *testing.T) {
 	if code := run([]string{"pop", "--region", "eu", "--pop", "a", "--unreachable-after", "-1s", "--rules", rules, "--data", t.TempDir()}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "--unreachable-after must be > 0") {
 		t.Fatalf("exit %d, stderr %q", code, errb.String())
 	}
+	for _, c := range [][2]string{
+		{"--grpc-max-streams=0", "--grpc-max-streams must be between 1 and"},
+		{"--grpc-max-conns=0", "--grpc-max-conns must be > 0"},
+		{"--client-ip-header=", "--client-ip-header must be a header name"},
+		{"--client-ip-header=X-Real-IP:", "--client-ip-header must be a header name"},
+	} {
+		errb.Reset()
+		if code := run([]string{"pop", c[0], "--rules", rules, "--data", t.TempDir()}, &out, &errb); code != 1 || !strings.Contains(errb.String(), c[1]) {
+			t.Fatalf("%s: exit %d, stderr %q", c[0], code, errb.String())
+		}
+	}
 	errb.Reset()
 	if code := run([]string{"pop", "--listen"}, &out, &errb); code != 2 {
 		t.Fatalf("missing flag value: exit %d, stderr %q", code, errb.String())
