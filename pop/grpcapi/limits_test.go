@@ -299,6 +299,31 @@ func TestPartialStreamCutOff(t *testing.T) {
 	rc.sync(t)
 }
 
+// TestSilentConnectionClosed: a connection that never sends the HTTP/2
+// preface is closed within the read timeout (grpc's own wait is 120 s).
+func TestSilentConnectionClosed(t *testing.T) {
+	const timeout = time.Second
+	f := start(t, func(c *Config) { c.ReadTimeout = timeout })
+	c, err := net.Dial("tcp", f.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	began := time.Now()
+	// A loaded machine's slack, well short of grpc's default of 120 s.
+	const slack = 30 * time.Second
+	_ = c.SetReadDeadline(began.Add(timeout + slack))
+	_, err = io.Copy(io.Discard, c) // the server's SETTINGS, then its close
+	took := time.Since(began)
+	if err != nil {
+		t.Fatalf("after %v: %v, want the server to close the connection within the read timeout %v", took, err, timeout)
+	}
+	t.Logf("silent connection closed after %v", took)
+	if took < timeout*9/10 {
+		t.Errorf("closed after %v, before the read timeout %v", took, timeout)
+	}
+}
+
 // TestReceiveBudget: a stream past the memory budget is refused with
 // RESOURCE_EXHAUSTED, and the place of a stream that ends — here its client
 // resets it — is given back.
