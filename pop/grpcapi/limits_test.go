@@ -324,6 +324,31 @@ func TestSilentConnectionClosed(t *testing.T) {
 	}
 }
 
+// TestWatchOutlivesReadTimeout: the read timeout bounds a stream's wait for
+// its request, not a streaming call that has it: a health Watch stays open
+// past the timeout and still hears a change.
+func TestWatchOutlivesReadTimeout(t *testing.T) {
+	const timeout = 500 * time.Millisecond
+	f := start(t, func(c *Config) { c.ReadTimeout = timeout })
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	watch, err := f.health.Watch(ctx, &healthpb.HealthCheckRequest{Service: ServiceName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := watch.Recv(); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("first status: %v %v", r, err)
+	}
+	time.Sleep(3 * timeout) // the subject: the timeout passes
+	f.srv.SetServing(false)
+	if r, err := watch.Recv(); err != nil || r.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("after %v: %v %v, want NOT_SERVING on the same stream", 3*timeout, r, err)
+	}
+	if got := refusedCount(t, f, "read_timeout"); got != 0 {
+		t.Errorf("edgelimit_grpc_refused_total{reason=read_timeout} = %v, want 0", got)
+	}
+}
+
 // TestReceiveBudget: a stream past the memory budget is refused with
 // RESOURCE_EXHAUSTED, and the place of a stream that ends — here its client
 // resets it — is given back.
