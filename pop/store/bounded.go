@@ -104,7 +104,11 @@ func (b *bounded) settle(it *limit.Item, now, hits int64, admitted bool) bool {
 		}
 		return false // not reached: nothing moved between the peek and now, under the lock
 	}
-	l.Request(now, key, sp, hits)
+	if hits <= it.Spec.Limit {
+		// More hits than the limit never fit anywhere: no allowance can
+		// serve them, so they are no demand (and the engine peeks so).
+		l.Request(now, key, sp, hits)
+	}
 	return false
 }
 

@@ -194,3 +194,23 @@ func TestBoundedSlidingBeforeWatermarks(t *testing.T) {
 		t.Fatalf("admitted %d in all after the watermarks, want the share 30", got)
 	}
 }
+
+// A check of more hits than the limit (the engine's peek) is no demand: it
+// publishes no requested hits, so no allowance moves toward it.
+func TestBoundedPeekIsNoDemand(t *testing.T) {
+	st := boundedStores(2)
+	now := limittest.T0.Add(time.Second).UnixNano()
+	it := boundedItem("peeked", 10, limit.ScopeGlobal, limit.FixedWindow)
+	out := make([]limit.Decision, 1)
+	if err := st[0].CheckAt(context.Background(), now, 11, []limit.Item{it}, out); err != nil {
+		t.Fatal(err)
+	}
+	if out[0].Allowed || out[0].Remaining != 5 {
+		t.Fatalf("a peek of 11 hits: %+v, want denied with r0's 5 of room", out[0])
+	}
+	for _, sl := range st[0].DeltaAt(now) {
+		if escrow.IsSlot(sl) {
+			t.Fatalf("a peek published %v", sl)
+		}
+	}
+}
