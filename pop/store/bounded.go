@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"slices"
+	"unsafe"
 
 	"github.com/edgelimit/edgelimit/crdt"
 	"github.com/edgelimit/edgelimit/pop/limit"
@@ -76,6 +77,10 @@ func (b *bounded) ledger(sc limit.Scope) *escrow.Ledger {
 	return b.global
 }
 
+// borrowKey is the item's key as a string without a copy: the ledger copies
+// a key it keeps (escrow's entryFor), and the check does not outlive it.
+func borrowKey(it *limit.Item) string { return unsafe.String(unsafe.SliceData(it.Key), len(it.Key)) }
+
 // escrowSpec is the ledger's form of a window limit.
 func escrowSpec(sp *limit.Spec) escrow.Spec {
 	return escrow.Spec{Limit: sp.Limit, Window: sp.Window, Sliding: sp.Algorithm == limit.SlidingWindow}
@@ -88,7 +93,7 @@ func isBounded(it *limit.Item) bool { return it.Consistency == limit.Bounded }
 // leaves exactly the room the ledger allows, so that limit.Decide admits
 // hits iff they fit the allowance and reports what remains of it.
 func (b *bounded) state(it *limit.Item, now int64) limit.State {
-	_, room := b.ledger(it.Scope).Decide(now, string(it.Key), escrowSpec(&it.Spec), 0)
+	_, room := b.ledger(it.Scope).Decide(now, borrowKey(it), escrowSpec(&it.Spec), 0)
 	room = min(max(room, 0), it.Spec.Limit)
 	return limit.State{Start: limit.WindowStart(now, it.Spec.Window), Unheard: float64(it.Spec.Limit - room)}
 }
@@ -97,7 +102,7 @@ func (b *bounded) state(it *limit.Item, now int64) limit.State {
 // admission when the request is admitted and it allowed it, its demand
 // alone otherwise. It returns whether the hits were counted as admitted.
 func (b *bounded) settle(it *limit.Item, now, hits int64, admitted bool) bool {
-	l, key, sp := b.ledger(it.Scope), string(it.Key), escrowSpec(&it.Spec)
+	l, key, sp := b.ledger(it.Scope), borrowKey(it), escrowSpec(&it.Spec)
 	if admitted {
 		if ok, _ := l.Decide(now, key, sp, hits); ok {
 			return true

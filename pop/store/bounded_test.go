@@ -214,3 +214,25 @@ func TestBoundedPeekIsNoDemand(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkBoundedCheck is a check of one bounded global limit on a store of
+// ten replicas that has heard the others' snapshots: the ledger's peek, the
+// decision and the count (BenchmarkReplicatedCheck is the eventual one).
+func BenchmarkBoundedCheck(b *testing.B) {
+	for _, alg := range []limit.Algorithm{limit.FixedWindow, limit.SlidingWindow} {
+		b.Run(alg.String(), func(b *testing.B) {
+			st := boundedStores(10)
+			now := limittest.T0.Add(30 * time.Second).UnixNano()
+			snapshotAt(now, st...)
+			it := boundedItem("bench", 1<<40, limit.ScopeGlobal, alg)
+			items := []limit.Item{it}
+			out := make([]limit.Decision, 1)
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				_ = st[0].CheckAt(ctx, now+int64(i), 1, items, out)
+			}
+		})
+	}
+}

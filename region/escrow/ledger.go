@@ -239,7 +239,8 @@ func (l *Ledger) isPruned(w, win int64) bool {
 }
 
 // entryFor returns the entry of (key, w), creating it with spec if create is
-// set; nil if it is absent, or pruned.
+// set; nil if it is absent, or pruned. key may be borrowed (a caller's bytes
+// seen as a string): a new entry keeps a copy.
 func (l *Ledger) entryFor(key string, w int64, spec Spec, create bool) *entry {
 	if e := l.entries[entryKey{key, w}]; e != nil || !create {
 		return e
@@ -247,6 +248,7 @@ func (l *Ledger) entryFor(key string, w int64, spec Spec, create bool) *entry {
 	if l.isPruned(w, spec.Window) {
 		return nil
 	}
+	key = strings.Clone(key)
 	n := len(l.names)
 	vals := make([]uint64, 4*n)
 	e := &entry{
