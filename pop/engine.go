@@ -648,11 +648,12 @@ func (e *Engine) mitigated(res *Result, l *rules.Limit, di int, wait time.Durati
 // until RetryAfter (the time the sliding estimate falls back under the limit),
 // or for the rule's mitigation duration. A request for several hits can be
 // denied while one would fit, so only single hits issue bits; a request's own
-// limit (Override) issues none.
+// limit (Override) issues none, nor does a bounded limit: its denial says
+// this PoP's allowance is spent, not that the key is over everywhere.
 func (e *Engine) issue(s *scratch, nowNs int64) {
 	for i, l := range s.limits {
 		d := s.out[i]
-		if d.Allowed || l.Shadow || l.QuotaMode || l.Scope == limit.ScopePOP || d.Remaining != 0 || s.hits[i] != 1 || s.override[i] {
+		if d.Allowed || l.Shadow || l.QuotaMode || l.Scope == limit.ScopePOP || l.Consistency == limit.Bounded || d.Remaining != 0 || s.hits[i] != 1 || s.override[i] {
 			continue
 		}
 		until := nowNs + d.RetryAfter

@@ -829,6 +829,12 @@ func (p *parser) rateLimit(f field) (l *Limit, hasName, ok bool) {
 		if l.Scope == ScopePOP {
 			p.errorf(g.key, "mitigation applies to scope region or global limits: a pop-scoped limit is already decided here")
 		}
+		if l.Consistency == limit.Bounded {
+			// A bounded PoP denies when its own allowance is spent, which
+			// says nothing of the limit as a whole: a ban would spread a
+			// local shortfall to every PoP.
+			p.errorf(g.key, "mitigation does not combine with consistency bounded (a PoP's spent allowance is not the limit crossed)")
+		}
 	}
 	if len(p.errs) > errs {
 		return nil, false, false
