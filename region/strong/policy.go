@@ -1,0 +1,33 @@
+package strong
+
+// Fallback is what a PoP does with a check whose home did not answer.
+type Fallback uint8
+
+const (
+	// Deny denies the check: the limit is fail_closed.
+	Deny Fallback = iota
+	// Local decides the check on the PoP's local knowledge — its own
+	// counts and those replicated to it — at the partition share its
+	// replication core enforces while its region is cut off, as an
+	// eventual limit of the same scope is decided.
+	Local
+)
+
+var fallbackNames = [...]string{"deny", "local"}
+
+func (f Fallback) String() string {
+	if int(f) < len(fallbackNames) {
+		return fallbackNames[f]
+	}
+	return "Fallback(?)"
+}
+
+// Unreachable is the limit's policy for a check whose home did not answer
+// within the timeout, or could not be asked: a fail_closed limit denies,
+// any other is decided locally.
+func Unreachable(failClosed bool) Fallback {
+	if failClosed {
+		return Deny
+	}
+	return Local
+}
