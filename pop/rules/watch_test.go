@@ -291,3 +291,36 @@ func TestLoadSkipsNonRegularFiles(t *testing.T) {
 	loads, errs := watch(t, dir)
 	wantQuota(t, nextLoad(t, loads, errs), 7)
 }
+
+// A change is noticed from the files' metadata, within a few StatIntervals,
+// not at the next full read: with the full read an hour away, edits, a
+// replacement by rename and a new file in a watched directory all load.
+func TestWatcherNoticesChangesFromMetadata(t *testing.T) {
+	dir := t.TempDir()
+	file := writeFile(t, dir, "rules.yaml", rulesWith(10))
+	loads, errs := make(chan *Set, 16), make(chan error, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w := NewWatcher([]string{dir}, time.Hour, nil)
+		w.StatInterval = 10 * time.Millisecond
+		w.Run(ctx, func(s *Set, _ []Warning) { loads <- s }, func(err error) { errs <- err })
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	wantQuota(t, nextLoad(t, loads, errs), 10)
+
+	writeFile(t, dir, "rules.yaml", rulesWith(20))
+	wantQuota(t, nextLoad(t, loads, errs), 20)
+
+	tmp := writeFile(t, dir, ".rules.yaml.tmp", rulesWith(21))
+	if err := os.Rename(tmp, file); err != nil {
+		t.Fatal(err)
+	}
+	wantQuota(t, nextLoad(t, loads, errs), 21)
+
+	writeFile(t, dir, "e.yaml", "domain: e\n")
+	if s := nextLoad(t, loads, errs); s.Domain("e") == nil {
+		t.Fatalf("domains %v, want e among them", s.Domains())
+	}
+}
