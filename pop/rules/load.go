@@ -62,9 +62,8 @@ const (
 )
 
 // Envoy ratelimit fields that edgelimit accepts and ignores, with a warning:
-// metric naming (detailed_metric, value_to_metric) and metadata,
-// which Envoy's ratelimit returns only as dynamic metadata.
-var envoyDescriptorFields = []string{"detailed_metric", "value_to_metric", "metadata"}
+// metric naming (detailed_metric, value_to_metric).
+var envoyDescriptorFields = []string{"detailed_metric", "value_to_metric"}
 
 // Options change how rule files load.
 type Options struct {
@@ -73,6 +72,13 @@ type Options struct {
 	// MERGE_DOMAIN_CONFIG. A descriptor defined twice is still an error.
 	// Without it, a domain defined in two files is an error.
 	MergeDomains bool
+	// DefaultAlgorithm is the algorithm of a limit whose rule names none
+	// (the zero value is limit.SlidingWindow; Envoy's ratelimit counts
+	// fixed windows).
+	DefaultAlgorithm limit.Algorithm
+	// QuotaMode puts every rate limit in quota mode, as Envoy's ratelimit's
+	// QUOTA_MODE does (see Limit.QuotaMode).
+	QuotaMode bool
 }
 
 // Load reads rule files and builds a Set. Each path is a file or a directory;
@@ -221,7 +227,7 @@ func build(files []ruleFile, o Options) (*Set, []Warning, error) {
 		seen    = map[string]*Domain{}
 	)
 	for _, f := range files {
-		d, w, fileErrs := parseFile(f.name, f.data)
+		d, w, fileErrs := parseFile(f.name, f.data, o)
 		warns = append(warns, w...)
 		if len(fileErrs) > 0 {
 			errs = append(errs, fileErrs...)
@@ -287,8 +293,8 @@ func yamlError(file string, err error) *Error {
 }
 
 // parseFile parses one rule file into a Domain.
-func parseFile(name string, data []byte) (*Domain, []Warning, []error) {
-	p := &parser{file: name}
+func parseFile(name string, data []byte, o Options) (*Domain, []Warning, []error) {
+	p := &parser{file: name, opts: o}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	switch err := dec.Decode(&doc); {
@@ -319,6 +325,7 @@ func parseFile(name string, data []byte) (*Domain, []Warning, []error) {
 // with their lines.
 type parser struct {
 	file   string
+	opts   Options
 	errs   []error
 	warns  []Warning
 	work   int
@@ -572,7 +579,7 @@ func (p *parser) descriptors(items []*yaml.Node, path string, node *Node, depth 
 			p.errorf(item, "descriptors nest deeper than %d levels", maxDepth)
 			return
 		}
-		m := p.mapping(item, "descriptor", []string{"key", "value", "rate_limit", "rate_limits", "shadow_mode", "quota_mode", "share_threshold", "descriptors", "concurrency"}, envoyDescriptorFields)
+		m := p.mapping(item, "descriptor", []string{"key", "value", "rate_limit", "rate_limits", "shadow_mode", "quota_mode", "share_threshold", "descriptors", "concurrency", "metadata"}, envoyDescriptorFields)
 		if m == nil {
 			continue
 		}
@@ -616,6 +623,11 @@ func (p *parser) descriptors(items []*yaml.Node, path string, node *Node, depth 
 		if f, ok := m["quota_mode"]; ok {
 			quota, _ = p.boolean(f, "quota_mode")
 		}
+		quota = quota || p.opts.QuotaMode
+		var meta map[string]any
+		if f, ok := m["metadata"]; ok {
+			meta = p.metadata(f)
+		}
 		share := ""
 		if f, ok := m["share_threshold"]; ok {
 			if on, _ := p.boolean(f, "share_threshold"); on {
@@ -626,7 +638,9 @@ func (p *parser) descriptors(items []*yaml.Node, path string, node *Node, depth 
 			}
 		}
 		levels := append(slices.Clip(shared), share)
-		p.descriptorLimits(m, childPath, child, shadow, quota, levels)
+		for _, l := range p.descriptorLimits(m, childPath, child, shadow, quota, levels) {
+			l.Metadata = meta
+		}
 		if f, ok := m["concurrency"]; ok {
 			p.concurrency(f, childPath, child, shadow)
 		}
@@ -637,36 +651,36 @@ func (p *parser) descriptors(items []*yaml.Node, path string, node *Node, depth 
 	}
 }
 
-// descriptorLimits parses rate_limit or rate_limits of one descriptor and
-// adds the limits to node.
-func (p *parser) descriptorLimits(m map[string]field, path string, node *Node, shadow, quota bool, shared []string) {
+// descriptorLimits parses rate_limit or rate_limits of one descriptor, adds
+// the limits to node and returns them.
+func (p *parser) descriptorLimits(m map[string]field, path string, node *Node, shadow, quota bool, shared []string) []*Limit {
 	one, hasOne := m["rate_limit"]
 	many, hasMany := m["rate_limits"]
 	var objs []field
 	switch {
 	case hasOne && hasMany:
 		p.errorf(many.key, "a descriptor has rate_limit or rate_limits, not both")
-		return
+		return nil
 	case hasOne:
 		if n := p.resolve(one.val); n != nil && n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
 			p.warnf(one.key, "rate_limit is empty and is ignored")
-			return
+			return nil
 		}
 		objs = []field{one}
 	case hasMany:
 		items, ok := p.list(many, "rate_limits")
 		if !ok {
-			return
+			return nil
 		}
 		if len(items) == 0 {
 			p.errorf(many.key, "rate_limits must list at least one limit")
-			return
+			return nil
 		}
 		for _, it := range items {
 			objs = append(objs, field{it, it})
 		}
 	default:
-		return
+		return nil
 	}
 
 	type counter struct {
@@ -710,6 +724,7 @@ func (p *parser) descriptorLimits(m map[string]field, path string, node *Node, s
 	node.Add(limits...)
 	p.limits = append(p.limits, limits...)
 	p.named = append(p.named, named...)
+	return limits
 }
 
 // rateLimit parses one rate_limit object. f.key is where messages point for
@@ -721,6 +736,7 @@ func (p *parser) rateLimit(f field) (l *Limit, hasName, ok bool) {
 	}
 	errs := len(p.errs)
 	l = &Limit{}
+	l.Spec.Algorithm = p.opts.DefaultAlgorithm
 	if g, ok := m["unlimited"]; ok {
 		l.Unlimited, _ = p.boolean(g, "unlimited")
 	}
@@ -1036,4 +1052,81 @@ func isToken(s string) bool {
 		}
 	}
 	return true
+}
+
+// metadata parses a descriptor's metadata: a mapping of any JSON-like
+// values (mappings with string keys, lists, strings, numbers, booleans,
+// null), as Envoy's ratelimit returns it in dynamic metadata.
+func (p *parser) metadata(f field) map[string]any {
+	n := p.resolve(f.val)
+	if n == nil {
+		return nil
+	}
+	if n.Kind != yaml.MappingNode {
+		p.errorf(f.val, "metadata must be a mapping, got %s", kind(n))
+		return nil
+	}
+	v, ok := p.metadataValue(n, 0)
+	if !ok {
+		return nil
+	}
+	return v.(map[string]any)
+}
+
+// metadataValue converts n into a JSON-like value, reporting what cannot be.
+func (p *parser) metadataValue(n *yaml.Node, depth int) (any, bool) {
+	at := n
+	if n = p.resolve(n); n == nil || !p.spend(at) {
+		return nil, false
+	}
+	if depth > maxDepth {
+		p.errorf(at, "metadata nests deeper than %d levels", maxDepth)
+		return nil, false
+	}
+	switch n.Kind {
+	case yaml.MappingNode:
+		m := make(map[string]any, len(n.Content)/2)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k := n.Content[i]
+			if k.Kind != yaml.ScalarNode || k.ShortTag() == "!!merge" {
+				p.errorf(k, "metadata keys must be strings")
+				return nil, false
+			}
+			v, ok := p.metadataValue(n.Content[i+1], depth+1)
+			if !ok {
+				return nil, false
+			}
+			m[k.Value] = v
+		}
+		return m, true
+	case yaml.SequenceNode:
+		l := make([]any, 0, len(n.Content))
+		for _, c := range n.Content {
+			v, ok := p.metadataValue(c, depth+1)
+			if !ok {
+				return nil, false
+			}
+			l = append(l, v)
+		}
+		return l, true
+	case yaml.ScalarNode:
+		switch n.ShortTag() {
+		case "!!null":
+			return nil, true
+		case "!!bool":
+			var b bool
+			if err := n.Decode(&b); err == nil {
+				return b, true
+			}
+		case "!!int", "!!float":
+			var f float64
+			if err := n.Decode(&f); err == nil && !math.IsInf(f, 0) && !math.IsNaN(f) {
+				return f, true
+			}
+		default: // strings, and timestamps as written
+			return n.Value, true
+		}
+	}
+	p.errorf(at, "metadata holds a value that is not JSON-like (%s)", kind(n))
+	return nil, false
 }

@@ -141,6 +141,11 @@ type Limit struct {
 	QuotaMode bool
 	// Unlimited descriptors match and stop the search but count nothing.
 	Unlimited bool
+	// Metadata is the descriptor's metadata (Envoy's ratelimit's
+	// metadata): JSON-like values — map[string]any, []any, string,
+	// float64, bool or nil — returned in the gRPC response's dynamic
+	// metadata when that is on. Shared by the descriptor's limits; read only.
+	Metadata map[string]any
 	// FailClosed denies instead of deciding on local knowledge when the
 	// shared counter store cannot answer.
 	FailClosed bool
