@@ -187,6 +187,16 @@ func TestWindows(t *testing.T) {
 	if r.MeanExcessPct != 5 || r.WorstExcessPct != 10 || r.Admitted != 1500 || r.Offered != 1600 {
 		t.Errorf("mean %v%% worst %v%% admitted %d offered %d; want 5, 10, 1500, 1600", r.MeanExcessPct, r.WorstExcessPct, r.Admitted, r.Offered)
 	}
+	if r.MeanShortPct != 0 || r.WorstShortPct != 0 {
+		t.Errorf("short %v%%/%v%% where every window admitted its offered traffic or the limit", r.MeanShortPct, r.WorstShortPct)
+	}
+	// A window offered more than the limit that admitted less is short by
+	// the difference; one offered less, by what it denied.
+	s := Report{Limit: 1000, Window: time.Second, Windows: []Window{{0, 1200, 300}, {time.Second, 500, 400}, {2 * time.Second, 0, 0}}}
+	s.summarize()
+	if s.WorstShortPct != 70 || s.MeanShortPct != 40 {
+		t.Errorf("short mean %v%% worst %v%%; want 40 (of 70 and 10), 70", s.MeanShortPct, s.WorstShortPct)
+	}
 }
 
 // TestLabShort runs partition.yaml, one PoP per region, in 15 s on real

@@ -25,8 +25,11 @@ type Report struct {
 	LoadErrors     int64
 	MeanExcessPct  float64 // mean over windows that admitted anything of max(0, admitted − limit), % of the limit
 	WorstExcessPct float64 // the most over the limit in one fixed window, % of the limit
-	BitP50, BitP99 time.Duration
-	BitsReceived   int64
+	// MeanShortPct and WorstShortPct are the same of Window.Short: the
+	// scenario traffic's under-admission, at the resolution its loads report.
+	MeanShortPct, WorstShortPct float64
+	BitP50, BitP99              time.Duration
+	BitsReceived                int64
 	// HotBatches and DirectBatches are, over every PoP, the batches of hot
 	// slots published for other regions' direct paths and the other
 	// regions' batches taken straight off their subjects (on the direct
@@ -47,6 +50,14 @@ type Window struct {
 	Start             time.Duration
 	Offered, Admitted int64
 }
+
+// Short is what w admitted short of what an exact limiter would have:
+// min(offered, limit) − admitted, at least 0. The loads report counts per
+// second, not each decision, so this is the window's under-admission as
+// an exact sliding log under steady traffic sees it (it admits the whole
+// limit in every window the offered traffic fills); the shapes' ledger
+// grades each decision.
+func (w Window) Short(limit int64) int64 { return max(min(w.Offered, limit)-w.Admitted, 0) }
 
 // PartitionResult is one of the scenario's partitions as the PoPs saw it:
 // Reduced is how long after the cut every PoP enforced a reduced global
@@ -70,11 +81,17 @@ type FaultResult struct {
 // summarize fills the totals and the excess figures from Windows, graded
 // as the simulator's oracle grades fixed windows.
 func (r *Report) summarize() {
-	var excess float64
-	var n int
+	var excess, short float64
+	var n, offered int
 	for _, w := range r.Windows {
 		r.Offered += w.Offered
 		r.Admitted += w.Admitted
+		if w.Offered > 0 {
+			offered++
+			s := pct(w.Short(r.Limit), r.Limit)
+			short += s
+			r.WorstShortPct = max(r.WorstShortPct, s)
+		}
 		if w.Admitted == 0 {
 			continue
 		}
@@ -85,6 +102,9 @@ func (r *Report) summarize() {
 	}
 	if n > 0 {
 		r.MeanExcessPct = excess / float64(n)
+	}
+	if offered > 0 {
+		r.MeanShortPct = short / float64(offered)
 	}
 }
 
@@ -106,7 +126,7 @@ func (r Report) WriteTable(w io.Writer, sim *simulate.Report) error {
 	}
 	fmt.Fprintf(&b, "lab %s  seed %d  %d PoPs in %d regions%s  limit %d per %v (global)  traffic %v from %s\n\n",
 		r.Scenario, r.Seed, r.PoPs, r.Regions, direct, r.Limit, r.Window, r.Duration, r.Start.UTC().Format(time.RFC3339))
-	fmt.Fprintf(&b, "%8s %9s %9s %8s\n", "window", "offered", "admitted", "excess%")
+	fmt.Fprintf(&b, "%8s %9s %9s %8s %8s\n", "window", "offered", "admitted", "excess%", "short%")
 	for _, win := range r.Windows {
 		mark := ""
 		for _, p := range r.Partitions {
@@ -114,8 +134,8 @@ func (r Report) WriteTable(w io.Writer, sim *simulate.Report) error {
 				mark = "  (" + p.Region + " cut)"
 			}
 		}
-		fmt.Fprintf(&b, "%8v %9d %9d %8.2f%s\n", win.Start, win.Offered, win.Admitted,
-			100*float64(max(win.Admitted-r.Limit, 0))/float64(r.Limit), mark)
+		fmt.Fprintf(&b, "%8v %9d %9d %8.2f %8.2f%s\n", win.Start, win.Offered, win.Admitted,
+			100*float64(max(win.Admitted-r.Limit, 0))/float64(r.Limit), pct(win.Short(r.Limit), r.Limit), mark)
 	}
 	fmt.Fprintf(&b, "\n%-34s %14s %14s\n", "", "simulated", "measured")
 	var res *simulate.Result
@@ -137,6 +157,7 @@ func (r Report) WriteTable(w io.Writer, sim *simulate.Report) error {
 		fmt.Sprintf("%d/%d", r.Admitted, r.Offered))
 	row("mean excess per window, % limit", s(func(x *simulate.Result) string { return fmt.Sprintf("%.2f", 100*x.MeanWindowExcess/float64(sim.Limit)) }),
 		fmt.Sprintf("%.2f", r.MeanExcessPct))
+	row("mean / worst short per window, %", "-", fmt.Sprintf("%.2f/%.2f", r.MeanShortPct, r.WorstShortPct))
 	row("worst excess, % limit", s(func(x *simulate.Result) string { return fmt.Sprintf("%.2f (sliding)", x.WorstOvershootPct(sim.Limit)) }),
 		fmt.Sprintf("%.2f (fixed)", r.WorstExcessPct))
 	row("bit propagation p50 / p99", s(func(x *simulate.Result) string {
