@@ -1,35 +1,155 @@
 package deploy
 
 import (
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 )
 
-// TestREADMEFlagTable: every flag of `edgelimit pop --help` has a row in
-// README.md's flag table (its first cell names it), and every flag the
+// TestDocsFlagTable: every flag of `edgelimit pop --help` has a row in
+// docs/running.md's flag table (its first cell names it), and every flag the
 // table names exists: the binary's flag set is the one source of truth.
-func TestREADMEFlagTable(t *testing.T) {
+func TestDocsFlagTable(t *testing.T) {
 	flags := popFlags(t)
 	var table []string
-	for _, line := range strings.Split(readRepoFile(t, "README.md"), "\n") {
+	for _, line := range strings.Split(readRepoFile(t, "docs/running.md"), "\n") {
 		if !strings.HasPrefix(line, "| `--") {
 			continue
 		}
 		first := strings.SplitN(line, "|", 3)[1]
 		for _, m := range regexp.MustCompile("`--([a-z0-9-]+)`").FindAllStringSubmatch(first, -1) {
+			if slices.Contains(table, m[1]) {
+				t.Errorf("docs/running.md's flag table has --%s twice", m[1])
+			}
 			table = append(table, m[1])
 		}
 	}
 	for _, f := range flags {
 		if !slices.Contains(table, f) {
-			t.Errorf("--%s is in 'edgelimit pop --help' but not in README.md's flag table", f)
+			t.Errorf("--%s is in 'edgelimit pop --help' but not in docs/running.md's flag table", f)
 		}
 	}
 	for _, f := range table {
 		if !slices.Contains(flags, f) {
-			t.Errorf("README.md's flag table names --%s, which 'edgelimit pop --help' does not list", f)
+			t.Errorf("docs/running.md's flag table names --%s, which 'edgelimit pop --help' does not list", f)
 		}
+	}
+}
+
+// docFiles are the documents whose commands and links the tests check: the
+// README, every page of docs/, and the deploy README.
+func docFiles(t *testing.T) []string {
+	t.Helper()
+	files := []string{"README.md", "deploy/README.md"}
+	pages, err := filepath.Glob(filepath.Join("..", "docs", "*.md"))
+	if err != nil || len(pages) == 0 {
+		t.Fatalf("no docs/*.md: %v", err)
+	}
+	for _, p := range pages {
+		files = append(files, filepath.ToSlash(strings.TrimPrefix(p, ".."+string(filepath.Separator))))
+	}
+	return files
+}
+
+// docCommands returns every `edgelimit <command> …` a document shows, in a
+// code block (continued lines joined) or in a backtick span, as the words
+// after "edgelimit".
+func docCommands(text string) [][]string {
+	var cmds []string
+	inBlock := false
+	var cont string
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			inBlock = !inBlock
+			cont = ""
+			continue
+		}
+		if inBlock {
+			line = cont + line
+			if strings.HasSuffix(strings.TrimSpace(line), `\`) {
+				cont = strings.TrimSuffix(strings.TrimSpace(line), `\`) + " "
+				continue
+			}
+			cont = ""
+			line, _, _ = strings.Cut(line, "#") // a comment is prose
+			if i := strings.Index(line, "edgelimit "); i >= 0 && (i == 0 || strings.ContainsAny(line[i-1:i], " /$(")) {
+				cmds = append(cmds, line[i:])
+			}
+			continue
+		}
+		for _, m := range regexp.MustCompile("`(edgelimit [^`]+)`").FindAllStringSubmatch(line, -1) {
+			cmds = append(cmds, m[1])
+		}
+	}
+	var out [][]string
+	for _, c := range cmds {
+		for _, sep := range []string{"|", ";", "&&", ">", "<"} {
+			c, _, _ = strings.Cut(c, sep)
+		}
+		words := strings.Fields(c)
+		if len(words) > 1 {
+			out = append(out, words[1:])
+		}
+	}
+	return out
+}
+
+// TestDocsCommandFlags: every flag a document passes to an edgelimit
+// command is one that command's --help lists, so no document shows a
+// command the binary would refuse.
+func TestDocsCommandFlags(t *testing.T) {
+	bin := edgelimitBin(t)
+	known := map[string][]string{}
+	flagsOf := func(cmd string) []string {
+		if f, ok := known[cmd]; ok {
+			return f
+		}
+		out, _ := exec.Command(bin, cmd, "--help").CombinedOutput()
+		var names []string
+		for _, m := range regexp.MustCompile(`(?m)^  -([a-z0-9-]+)`).FindAllStringSubmatch(string(out), -1) {
+			names = append(names, m[1])
+		}
+		known[cmd] = names
+		return names
+	}
+	commands := []string{"pop", "demo", "sim", "load", "probe", "natsconf", "baseline", "version", "help"}
+	flagWord := regexp.MustCompile(`^--?([a-z][a-z0-9-]*)(=.*)?$`)
+	checked := 0
+	for _, file := range docFiles(t) {
+		for _, words := range docCommands(readRepoFile(t, file)) {
+			cmd := words[0]
+			if !slices.Contains(commands, cmd) {
+				if !strings.HasPrefix(cmd, "-") && regexp.MustCompile(`^[a-z]+$`).MatchString(cmd) {
+					t.Errorf("%s: 'edgelimit %s': no such command", file, strings.Join(words, " "))
+				}
+				continue
+			}
+			flags := flagsOf(cmd)
+			for _, w := range words[1:] {
+				m := flagWord.FindStringSubmatch(w)
+				if m == nil || m[1] == "help" || m[1] == "h" {
+					continue
+				}
+				checked++
+				if !slices.Contains(flags, m[1]) {
+					t.Errorf("%s: 'edgelimit %s' passes %s, which 'edgelimit %s --help' does not list",
+						file, strings.Join(words, " "), w, cmd)
+				}
+			}
+		}
+	}
+	if checked < 50 {
+		t.Errorf("checked only %d flags of documented commands: the documents were not read as expected", checked)
+	}
+}
+
+// TestREADMEIsShort: the README is the newcomer's page; reference and design
+// material belongs in docs/.
+func TestREADMEIsShort(t *testing.T) {
+	if n := strings.Count(readRepoFile(t, "README.md"), "\n"); n > 300 {
+		t.Errorf("README.md has %d lines; keep it at most 300 and move reference material to docs/", n)
 	}
 }

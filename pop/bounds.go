@@ -34,7 +34,7 @@ const BoundFactor = 4
 
 // bitSlack is how much later than its rule allows an honest bit may seem to
 // end: the sender's clock may run ahead of the receiver's (PoPs' clocks must
-// agree to a small fraction of the shortest window; see README).
+// agree to a small fraction of the shortest window; see docs/replication.md).
 const bitSlack = time.Second
 
 // ReplicaBounds bounds what other replicas can honestly send, from the

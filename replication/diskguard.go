@@ -335,11 +335,11 @@ func (d *DB) checkMarker(saves uint64) error {
 	return nil
 }
 
-// recoveryHint is the way out of a damaged data directory, as README
-// "Durability" documents it.
+// recoveryHint is the way out of a damaged data directory, as docs/durability.md
+// documents it.
 func recoveryHint(dir string) string {
 	return fmt.Sprintf("The PoP does not start on damaged state, which would count and publish less than it did. "+
-		"To start, move the directory aside (mv %s %s.damaged) and start again: see README, \"Durability\", for what that costs", dir, dir)
+		"To start, move the directory aside (mv %s %s.damaged) and start again: see docs/durability.md for what that costs", dir, dir)
 }
 
 // openError explains a failed pebble.Open: a damaged WAL, table or MANIFEST

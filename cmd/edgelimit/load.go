@@ -76,7 +76,7 @@ func runLoad(args []string, stdout io.Writer) error {
 	fs.Float64Var(&cfg.Rate, "rate", 0, "requests per second in total, paced evenly over the connections; 0 = each connection sends its next request as soon as the last is answered")
 	fs.BoolVar(&cfg.Timeline, "timeline", false, "count allowed and denied checks per Unix second (the JSON report's \"timeline\"; HTTP single checks only)")
 	fs.BoolVar(&cfg.RawGRPC, "grpc-raw", false, "with --grpc: write pre-rendered gRPC messages as HTTP/2 frames on raw connections instead of using grpc-go's\nclient, which costs about as much CPU as the server it measures")
-	fs.StringVar(&reqOut, "write-grpc-request", "", "write one hot-key ShouldRateLimit request of --domain and --key, as a gRPC message (5-byte prefix and\nthe RateLimitRequest), to `file` and exit: the body for a generic HTTP/2 generator (h2load -d; see README)")
+	fs.StringVar(&reqOut, "write-grpc-request", "", "write one hot-key ShouldRateLimit request of --domain and --key, as a gRPC message (5-byte prefix and\nthe RateLimitRequest), to `file` and exit: the body for a generic HTTP/2 generator (h2load -d; see docs/load.md)")
 	fs.BoolVar(&asJSON, "json", false, "print the report as JSON instead of a table")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -572,7 +572,7 @@ func TestSameAnswersAsHTTP(t *testing.T) {
 			t.Fatal(err)
 		}
 		// protojson quotes 64-bit integers ("hits_addend":"0"); /v1/check
-		// takes them as JSON numbers only (see the README's parity notes).
+		// takes them as JSON numbers only (see docs/envoy-parity.md).
 		body = quoted64.ReplaceAll(body, []byte(`"hits_addend":$1`))
 		resp, err := http.Post(hs.URL+"/v1/check", "application/json", strings.NewReader(string(body)))
 		if err != nil {

@@ -189,8 +189,8 @@ func mustFile(t *testing.T) quota.Store {
 }
 
 // The document's examples are what the handlers answer: the PUT example is
-// accepted and answered as the 201 example, and the walk-through of the
-// README, bad input included, answers only what the document describes.
+// accepted and answered as the 201 example, and the walk-through of
+// docs/tenants.md, bad input included, answers only what the document describes.
 func TestAdminWalkThrough(t *testing.T) {
 	_, router := openAPI(t)
 	doc, _ := openapi3.NewLoader().LoadFromData(openAPIDoc)

@@ -17,7 +17,7 @@ import (
 // TestLoadMillion measures what a PoP pays to hold a million quotas: the
 // time to load them from PostgreSQL and from its snapshot file, and the heap
 // they take. It writes a million rows, so it runs only with
-// EDGELIMIT_QUOTA_1M=1 (see README "Tenant quotas" for the figures).
+// EDGELIMIT_QUOTA_1M=1 (see docs/tenants.md for the figures).
 func TestLoadMillion(t *testing.T) {
 	if os.Getenv("EDGELIMIT_QUOTA_1M") != "1" {
 		t.Skip("set EDGELIMIT_QUOTA_1M=1 to load a million quotas")

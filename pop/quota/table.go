@@ -15,8 +15,7 @@ import (
 // Neither array holds a pointer, so both are allocated noscan: with a
 // million keys, a table of slots holding string headers and *Quota made the
 // collector visit millions of pointers on every cycle, which on a PoP
-// serving checks was half of what 100k quotas cost it (see README "Tenant
-// quotas"). A slot holds the full 64-bit hash, compared first, the offset of
+// serving checks was half of what 100k quotas cost it (see docs/tenants.md). A slot holds the full 64-bit hash, compared first, the offset of
 // the key's record in recs, the index of its Plan (Index.plans), the key's
 // length and, when it is at most 15 bytes, the key itself; the record holds
 // the key's times, then its key bytes. So a lookup of a key not in the

@@ -20,7 +20,7 @@ import (
 // What it cannot know: hits other servers admitted on their own while Redis
 // was away, and keys this server never checked. So a Redis outage re-grants
 // at most, per key, what each server had left of it, not the whole limit
-// each time; see README "Durability".
+// each time; see docs/durability.md.
 
 // reconciler is the embedded store as the Fallback reconciles it.
 type reconciler interface {

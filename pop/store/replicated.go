@@ -1159,8 +1159,7 @@ func (s *Memory) admitted() {
 // Replication publishes the delta at once, at most once per its bits
 // interval (replication.UrgentNotifier). Publishing every admission within
 // 10 ms rather than 100 ms measured best at world scale, for about 2% more
-// bytes on the wire on the 270,000-key mix (README, "Global limits at world
-// scale").
+// bytes on the wire on the 270,000-key mix (docs/accuracy-log.md).
 func (s *Memory) Urgent() <-chan struct{} { return s.urgent }
 
 // replicates reports whether s counts it across PoPs.

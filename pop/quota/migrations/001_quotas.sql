@@ -1,4 +1,4 @@
--- Quotas per API key, after shared/seeds/004: one row per (api_key,
+-- Quotas per API key: one row per (api_key,
 -- descriptor). The row with descriptor '' is the key's own: its tier and the
 -- time it is in force; the other rows override the limit named descriptor.
 CREATE TABLE IF NOT EXISTS quota_overrides (
