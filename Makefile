@@ -14,11 +14,11 @@ build:
 run: build
 	./$(BIN) pop --rules $(RULES) --listen $(LISTEN) --data $(DATA)
 
-## test: every test, with the race detector; needs redis-server and nginx (see .ci/run)
+## test: every test, with the race detector; what it needs, and what it skips without, is in README.md
 test:
 	$(GO) test -race -timeout 15m ./...
 
-## bench: the in-process benchmarks (see README for the HTTP load figures)
+## bench: the in-process benchmarks (docs/performance.md has the HTTP load figures)
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
@@ -79,14 +79,14 @@ fuzz:
 load: build
 	./$(BIN) load --url http://$(LISTEN) --domain api_platform --key remote_address -c 64 -d 10s
 
-## lab: SCENARIO on real sites in network namespaces, beside the simulator (needs root; see deploy/README.md)
+## lab: SCENARIO on real sites in network namespaces, beside the simulator (needs root; see deploy/lab/README.md)
 SCENARIO ?= simulate/scenarios/partition.yaml
 LAB_FLAGS ?=
 lab:
 	$(GO) run ./deploy/lab/cmd/lab -scenario $(SCENARIO) $(LAB_FLAGS)
 
 ## soak: 10 minutes of mixed load on 2 regions × 2 PoPs with PoP kill -9s, Redis and NATS restarts, and a
-## ledger of every decision against the README's bounds; exits 1 on a violation (see deploy/README.md)
+## ledger of every decision against the documented bounds; exits 1 on a violation (see deploy/soak/README.md)
 SOAK_FLAGS ?=
 soak:
 	$(GO) run ./deploy/soak/cmd/soak -root . $(SOAK_FLAGS)

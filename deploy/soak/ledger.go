@@ -111,7 +111,7 @@ func inScope(scope, entity string, p PoPInfo) bool { return entityOf(scope, p) =
 
 // Check computes the ledger: for every (class, key, scope entity, window)
 // the admissions counted, checked against the bound the README states for
-// the faults that touched that window (see deploy/README.md, "The soak").
+// the faults that touched that window (see deploy/soak/README.md).
 func Check(classes []Class, pops []PoPInfo, decisions []Decision, faults []Fault, b Bounds, errors int) *Ledger {
 	w := b.Window.Nanoseconds()
 	type gkey struct {

@@ -2,7 +2,7 @@
 // on loopback — 2 regions × 2 PoPs, a nats-server per region linked as
 // deploy/nats shows, one redis-server used by one PoP of each region — and
 // checks a ledger of every decision against the bounds the README states
-// (deploy/README.md, "The soak"). It is a documented command (make soak),
+// (deploy/soak/README.md). It is a documented command (make soak),
 // not part of CI.
 package soak
 
@@ -359,7 +359,7 @@ func (s *soak) setup(ctx context.Context) error {
 		}
 	}
 	// A stream source requested across a leaf link not yet up is retried
-	// only after 30 s (deploy/README.md step 3): wait for the link.
+	// only after 30 s (deploy/README.md, step 4): wait for the link.
 	if err := waitUntil(30*time.Second, "leaf link us → eu", func() error {
 		b, _ := os.ReadFile(s.natsSrv["us"].p.Log)
 		if !bytes.Contains(b, []byte("Leafnode connection created")) {

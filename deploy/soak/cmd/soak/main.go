@@ -2,7 +2,7 @@
 // loopback, mixed load with PoP kill -9s, Redis and NATS restarts, and a
 // ledger of every decision checked against the README's bounds. It exits 1
 // when a bound was broken, 2 when the soak could not run. See
-// deploy/README.md, "The soak".
+// deploy/soak/README.md.
 package main
 
 import (
