@@ -263,8 +263,9 @@ func build(files []ruleFile, o Options) (*Set, []Warning, error) {
 var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
 
 // yamlParserProblems are the problems of yaml's parser (as opposed to its
-// scanner). yaml reports their lines counted from 0 — the line where the
-// enclosing block or flow collection starts — so yamlError adds 1.
+// scanner). yaml reports their line as the line where the enclosing block or
+// flow collection starts, counted from 0 — which may be many lines before the
+// mistake — so yamlError looks for the mistake's own line (problemLine).
 var yamlParserProblems = []string{
 	"did not find expected ',' or ",
 	"did not find expected '-' indicator",
@@ -276,20 +277,48 @@ var yamlParserProblems = []string{
 	"found undefined tag handle",
 }
 
-// yamlError turns a yaml syntax error into an Error with the line yaml names.
-func yamlError(file string, err error) *Error {
+// yamlError turns a yaml syntax error of data into an Error with the line of
+// the mistake.
+func yamlError(file string, data []byte, err error) *Error {
 	msg := err.Error()
 	if m := yamlLine.FindStringSubmatch(msg); m != nil {
 		line, _ := strconv.Atoi(m[1])
 		for _, prefix := range yamlParserProblems {
 			if strings.HasPrefix(m[2], prefix) {
-				line++
+				line = problemLine(data, line+1)
 				break
 			}
 		}
 		return &Error{File: file, Line: line, Msg: "invalid YAML: " + m[2]}
 	}
 	return &Error{File: file, Msg: "invalid YAML: " + strings.TrimPrefix(msg, "yaml: ")}
+}
+
+// problemLine returns the line of data's syntax error, or fallback when it
+// cannot tell. The first k lines of a block-style document that stop before
+// the mistake are themselves valid YAML, or fail only for ending early; from
+// the mistake's line on, every prefix fails. So the mistake's line is the
+// shortest prefix that fails otherwise, found by bisection (a few parses of
+// a file that is already known to be bad).
+func problemLine(data []byte, fallback int) int {
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	fails := func(k int) bool {
+		var v any
+		err := yaml.Unmarshal(bytes.Join(lines[:k], nil), &v)
+		return err != nil && !strings.Contains(err.Error(), "end of stream")
+	}
+	if !fails(len(lines)) {
+		return fallback
+	}
+	ok, bad := 0, len(lines) // fails(bad), and not fails(ok)
+	for ok+1 < bad {
+		if mid := (ok + bad) / 2; fails(mid) {
+			bad = mid
+		} else {
+			ok = mid
+		}
+	}
+	return bad
 }
 
 // parseFile parses one rule file into a Domain.
@@ -301,14 +330,14 @@ func parseFile(name string, data []byte, o Options) (*Domain, []Warning, []error
 	case err == io.EOF:
 		return nil, nil, []error{&Error{File: name, Msg: "file is empty; want a domain and descriptors"}}
 	case err != nil:
-		return nil, nil, []error{yamlError(name, err)}
+		return nil, nil, []error{yamlError(name, data, err)}
 	}
 	var extra yaml.Node
 	switch err := dec.Decode(&extra); {
 	case err == nil:
 		return nil, nil, []error{&Error{File: name, Line: extra.Line, Msg: "a second YAML document; a rule file holds one domain"}}
 	case err != io.EOF:
-		return nil, nil, []error{yamlError(name, err)}
+		return nil, nil, []error{yamlError(name, data, err)}
 	}
 	root := &doc
 	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {

@@ -331,7 +331,11 @@ descriptors:
 		{"duplicate nested siblings", head + "  - key: a\n    descriptors:\n      - key: k\n      - key: k\n", 6, []string{`duplicate descriptor key "k" value ""`}},
 		{"duplicate field", head + "  - key: k\n    key: j\n", 4, []string{`duplicate field "key" in descriptor (first at line 3)`}},
 		{"bad yaml", head + "  - key: k\n    rate_limit: {unit: second\n  - key: j\n", 4, []string{"invalid YAML", "did not find expected ',' or '}'"}},
-		{"bad yaml indentation", head + "  - key: k\n   value: v\n", 3, []string{"invalid YAML", "expected '-' indicator"}},
+		{"bad yaml indentation", head + "  - key: k\n   value: v\n", 4, []string{"invalid YAML", "expected '-' indicator"}},
+		// yaml names the line where the enclosing mapping starts (3); the
+		// mistake, a key indented one space short, is 13 lines further.
+		{"bad yaml indentation deep in a mapping", head + "  - key: k\n    descriptors:\n" + strings.Repeat("      - key: e\n", 9) +
+			"      - key: f\n        value: v\n       shadow_mode: true\n", 16, []string{"invalid YAML", "did not find expected '-' indicator"}},
 		{"requests_per_unit not a number", head + "  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: lots\n", 6, []string{`requests_per_unit must be an integer, got "lots"`}},
 		{"requests_per_unit quoted", head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: \"5\"}\n", 4, []string{`requests_per_unit must be an integer, got "5"`}},
 		{"shadow_mode not a bool", head + "  - key: k\n    shadow_mode: maybe\n", 4, []string{`shadow_mode must be true or false, got "maybe"`}},
