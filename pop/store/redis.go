@@ -140,6 +140,11 @@ type RedisConfig struct {
 	// SettledExcess, with Extrapolate, is MemoryConfig.SettledExcess for
 	// this server's estimate.
 	SettledExcess func(scope limit.Scope, pct float64)
+	// DenyCacheKeys bounds the local cache of keys over their limit, which
+	// answers their checks without Redis until they could have room
+	// (redis_denycache.go): 0 means DefaultDenyCacheKeys, negative turns
+	// the cache off.
+	DenyCacheKeys int
 }
 
 // Redis is the counter store shared by the servers of a PoP, kept in Redis or
@@ -241,6 +246,8 @@ type Redis struct {
 	offlinePending atomic.Bool   // pairs counted while Redis was away await restoreOffline
 	offlineSem     chan struct{} // one restoreOffline at a time
 	offlineDenials atomic.Uint64 // checks Redis admitted and recheckOffline denied
+
+	deny *denyCache // keys over their limit (redis_denycache.go); nil when off
 }
 
 // LostRestores is how many times the store found Redis holding less of the
@@ -290,6 +297,7 @@ func OpenRedis(cfg RedisConfig) (*Redis, error) {
 		est:     newRedisEstimate(cfg),
 
 		offlineSem: make(chan struct{}, 1),
+		deny:       newDenyCache(cfg.DenyCacheKeys),
 
 		evalItems: maxEvalItems,
 	}
@@ -470,6 +478,9 @@ func (s *Redis) CheckAt(ctx context.Context, now, hits int64, items []limit.Item
 	if err := validateRedisCheck(now, hits, items, out); err != nil {
 		return err
 	}
+	if s.deny != nil && hits == 1 && s.denyLocally(now, items, out) {
+		return nil
+	}
 
 	deadline := time.Now().Add(s.cfg.Timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
@@ -511,7 +522,7 @@ func (s *Redis) CheckAt(ctx context.Context, now, hits int64, items []limit.Item
 	select {
 	case <-r.done:
 		r.timer.Stop()
-		return s.estimated(now, hits, items, out, sts, s.track(now, items, out, s.recheckOffline(now, hits, items, out, s.finish(r, out))))
+		return s.answered(now, hits, items, out, sts, r)
 	case <-r.timer.C:
 		err = s.timeoutErr()
 	case <-ctx.Done():
@@ -522,7 +533,19 @@ func (s *Redis) CheckAt(ctx context.Context, now, hits int64, items []limit.Item
 		return err // the pipeliner owns r now and recycles it
 	}
 	<-r.done // the answer arrived as the deadline did: use it
-	return s.estimated(now, hits, items, out, sts, s.track(now, items, out, s.recheckOffline(now, hits, items, out, s.finish(r, out))))
+	return s.answered(now, hits, items, out, sts, r)
+}
+
+// answered copies r's answer to out, recycles r, and does what follows a
+// check Redis answered: it caches the denials Redis made, then rechecks
+// (redis_offline.go), tracks (redis_replicated.go) and estimates
+// (redis_estimate.go).
+func (s *Redis) answered(now, hits int64, items []limit.Item, out []limit.Decision, sts []limit.State, r *request) error {
+	err := s.finish(r, out)
+	if err == nil {
+		s.noteDenials(now, hits, items, out)
+	}
+	return s.estimated(now, hits, items, out, sts, s.track(now, items, out, s.recheckOffline(now, hits, items, out, err)))
 }
 
 func (s *Redis) timeoutErr() error {
@@ -569,6 +592,9 @@ const (
 	reqWaiting uint32 = iota
 	reqDone
 	reqAbandoned
+	// reqDetached: no caller waits (countDenied); the pipeliner runs it
+	// and recycles it.
+	reqDetached
 )
 
 // request is one check on its way through a pipeline. Its caller owns it
