@@ -75,6 +75,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&cfg.RedisTimeout, "redis-timeout", 5*time.Millisecond, "deadline of a Redis check; past it the embedded store decides")
 	fs.DurationVar(&cfg.RedisBatchWindow, "redis-batch-window", store.DefaultBatchWindow, "how long a Redis pipeline waits for more checks while another is in flight (negative: send at once)")
 	fs.IntVar(&cfg.RedisPipelines, "redis-pipelines", store.DefaultPipelines, "Redis pipelines in flight at once, each on its own connection")
+	fs.IntVar(&cfg.RedisDenyCache, "redis-deny-cache", store.DefaultDenyCacheKeys, "keys over their limit the Redis store remembers, 24 bytes each, to deny their checks without a round\ntrip until they could have room again (docs/performance-redis.md); 0 turns the cache off")
 	fs.StringVar(&cfg.RedisClock, "redis-clock", "redis", "whose clock sets window boundaries: redis (Redis TIME, so skewed servers agree) or local")
 	fs.IntVar(&cfg.BreakerFailures, "breaker-failures", 5, "consecutive Redis failures that open the circuit breaker")
 	fs.DurationVar(&cfg.BreakerCooldown, "breaker-cooldown", time.Second, "how long the open breaker waits before probing Redis again")

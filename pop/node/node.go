@@ -80,6 +80,10 @@ type Config struct {
 	RedisBatchWindow time.Duration
 	// RedisPipelines is how many pipelines may be in flight at once.
 	RedisPipelines int
+	// RedisDenyCache is how many keys over their limit the Redis store
+	// remembers, to deny their checks without Redis
+	// (store.RedisConfig.DenyCacheKeys); 0 turns the cache off.
+	RedisDenyCache int
 	// BreakerFailures and BreakerCooldown tune the circuit breaker in front
 	// of Redis: it opens after that many consecutive failures and probes
 	// again after the cooldown.
@@ -548,7 +552,7 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.
 			return nil, nil, nil, nil, nil, fmt.Errorf("--redis-clock: %w", err)
 		}
 		rs, err = store.OpenRedis(store.RedisConfig{URL: cfg.Store, Password: cfg.RedisPassword, Timeout: cfg.RedisTimeout, ClockSource: clock,
-			BatchWindow: cfg.RedisBatchWindow, Pipelines: cfg.RedisPipelines, Replica: cfg.Replica, RegionPeers: cfg.RegionPeers,
+			BatchWindow: cfg.RedisBatchWindow, Pipelines: cfg.RedisPipelines, DenyCacheKeys: denyCacheKeys(cfg.RedisDenyCache), Replica: cfg.Replica, RegionPeers: cfg.RegionPeers,
 			Replicas: cfg.Replicas, Extrapolate: cfg.Extrapolate, EstimateMiss: estimateMiss, SettledExcess: settledExcess})
 		if err != nil {
 			return nil, nil, nil, nil, nil, fmt.Errorf("store: %w", err)
@@ -570,6 +574,10 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.
 	}
 	fb := store.NewFallback(rs, mem, store.FallbackConfig{Failures: cfg.BreakerFailures, Cooldown: cfg.BreakerCooldown})
 	registerFallback(reg, fb)
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "edgelimit_store_redis_local_denials_total",
+		Help: "Checks denied from the Redis store's local cache of keys over their limit, without a round trip to Redis (--redis-deny-cache); they count as denials everywhere else too.",
+	}, func() float64 { return float64(rs.LocalDenials()) }))
 	if cfg.Replica != "" {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "edgelimit_store_redis_lost_restores_total",
@@ -581,6 +589,14 @@ func openStore(cfg Config, reg prometheus.Registerer) (st pop.Store, mem *store.
 		}, func() float64 { return float64(rs.OfflineDenials()) }))
 	}
 	return fb, mem, rs, rs.Ping, func() { close(stop); _ = rs.Close() }, nil
+}
+
+// denyCacheKeys is store.RedisConfig.DenyCacheKeys for Config.RedisDenyCache.
+func denyCacheKeys(n int) int {
+	if n <= 0 {
+		return -1
+	}
+	return n
 }
 
 func registerFallback(reg prometheus.Registerer, fb *store.Fallback) {
