@@ -91,15 +91,35 @@ func Ledger(lim LedgerLimit, ds []Decision) []LedgerRow {
 		rows = append(rows, LedgerRow{Limit: lim.Name, Of: lim.Limit, Start: start})
 		return &rows[len(rows)-1]
 	}
-	for i, d := range mine {
+	// The admissions by send time: every admission a decision's rules can
+	// count was sent within reach of it (see near).
+	var adm []Decision
+	var longest time.Duration
+	for _, d := range mine {
+		if d.Allowed {
+			adm = append(adm, d)
+		}
+		longest = max(longest, d.Recv.Sub(d.Send))
+	}
+	reach := max(w, lim.Staleness) + longest
+	bySend := func(b Decision, t time.Time) int { return b.Send.Compare(t) }
+	// near is the range of adm sent within reach of d.
+	near := func(d Decision) (lo, hi int) {
+		lo, _ = slices.BinarySearchFunc(adm, d.Send.Add(-reach), bySend)
+		hi, _ = slices.BinarySearchFunc(adm, d.Recv.Add(time.Nanosecond), bySend)
+		return lo, hi
+	}
+	k := -1 // d's index in adm, when d is an admission
+	for _, d := range mine {
 		r := row(d.Send)
 		r.Offered += d.Hits
 		if !d.Allowed {
 			// Every admission that may have been decided before d, within
 			// the sliding window ending when d was.
 			var before int64
-			for j, b := range mine {
-				if j != i && b.Allowed && b.Send.Before(d.Recv) && b.Recv.After(d.Send.Add(-w)) {
+			lo, hi := near(d)
+			for _, b := range adm[lo:hi] {
+				if b.Send.Before(d.Recv) && b.Recv.After(d.Send.Add(-w)) {
 					before += b.Hits
 				}
 			}
@@ -109,12 +129,14 @@ func Ledger(lim LedgerLimit, ds []Decision) []LedgerRow {
 			continue
 		}
 		r.Admitted += d.Hits
+		k++
 		// Every admission certainly decided before d within the sliding
 		// window ending when d was; and, of the others' admissions, those
 		// d's PoP cannot have heard of.
 		var before, unheard int64
-		for j, b := range mine {
-			if j == i || !b.Allowed {
+		lo, hi := near(d)
+		for j, b := range adm[lo:hi] {
+			if lo+j == k {
 				continue
 			}
 			if b.Recv.Before(d.Send) && b.Send.After(d.Recv.Add(-w)) {

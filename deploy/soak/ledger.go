@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/edgelimit/edgelimit/deploy/lab"
 )
 
 // Class is one limit of the soak's rule file: a descriptor key with one
@@ -83,6 +85,12 @@ type ClassSummary struct {
 	OverBound       int     // windows admitting more than the bound: violations
 	OverStrict      int     // windows admitting more than the strict bound (see WindowResult.Strict)
 	MaxOverBoundPct float64
+	// Under counts denials while the exact sliding log of the scope
+	// entity's admissions had room for them, in every order overlapping
+	// decisions may have been made in (lab.Ledger's rule), over the checked
+	// windows; MaxUnderPct is the most in one window, in % of the limit.
+	Under       int
+	MaxUnderPct float64
 }
 
 // Ledger is the soak's verdict.
@@ -313,6 +321,7 @@ func Check(classes []Class, pops []PoPInfo, decisions []Decision, faults []Fault
 			}
 		}
 	}
+	underAdmission(classes, pops, decisions, b.Window, start, sums)
 	for i := range sums {
 		sums[i].Keys = len(keys[i])
 		led.Keys += sums[i].Keys
@@ -320,6 +329,31 @@ func Check(classes []Class, pops []PoPInfo, decisions []Decision, faults []Fault
 	}
 	led.Classes = sums
 	return led
+}
+
+// underAdmission adds to sums the denials every (class, key, scope entity)
+// had room for in the exact sliding log of its admissions (lab.Ledger), in
+// the windows that begin at or after start.
+func underAdmission(classes []Class, pops []PoPInfo, decisions []Decision, window time.Duration, start int64, sums []ClassSummary) {
+	type gkey struct {
+		class, key int
+		entity     string
+	}
+	groups := map[gkey][]lab.Decision{}
+	for _, d := range decisions {
+		g := gkey{d.Class, d.Key, entityOf(classes[d.Class].Scope, pops[d.PoP])}
+		groups[g] = append(groups[g], lab.Decision{PoP: pops[d.PoP].Name, Send: time.Unix(0, d.Send), Recv: time.Unix(0, d.Recv), Hits: 1, Allowed: d.Allowed})
+	}
+	for g, ds := range groups {
+		c := classes[g.class]
+		for _, r := range lab.Ledger(lab.LedgerLimit{Limit: int64(c.Limit), Window: window, Bounded: true}, ds) {
+			if r.Start.UnixNano() < start || r.Under == 0 {
+				continue
+			}
+			sums[g.class].Under += int(r.Under)
+			sums[g.class].MaxUnderPct = max(sums[g.class].MaxUnderPct, r.UnderPct())
+		}
+	}
 }
 
 // Print writes the ledger summary.
@@ -337,12 +371,13 @@ func (l *Ledger) Print(out io.Writer) {
 	slices.Sort(ks)
 	fmt.Fprintf(out, "faults: %s\n", strings.Join(ks, ", "))
 	fmt.Fprintf(out, "cold start: %d windows of the load's first, partial window not checked (max admitted/limit %.3f)\n", l.WarmUp, l.WarmUpMaxRatio)
-	fmt.Fprintf(out, "%-10s %-7s %-15s %5s %5s %7s %9s %13s %10s %11s %10s\n",
-		"class", "scope", "algorithm", "limit", "keys", "windows", "admitted", "max adm/limit", "over limit", "over strict", "over bound")
+	fmt.Fprintf(out, "%-10s %-7s %-15s %5s %5s %7s %9s %13s %10s %11s %10s %6s %10s\n",
+		"class", "scope", "algorithm", "limit", "keys", "windows", "admitted", "max adm/limit", "over limit", "over strict", "over bound", "under", "max under%")
 	for _, s := range l.Classes {
-		fmt.Fprintf(out, "%-10s %-7s %-15s %5d %5d %7d %9d %13.3f %10d %11d %10d\n",
-			s.Class.Name, s.Class.Scope, s.Class.Algorithm, s.Class.Limit, s.Keys, s.Windows, s.Admitted, s.MaxRatio, s.OverLimit, s.OverStrict, s.OverBound)
+		fmt.Fprintf(out, "%-10s %-7s %-15s %5d %5d %7d %9d %13.3f %10d %11d %10d %6d %10.1f\n",
+			s.Class.Name, s.Class.Scope, s.Class.Algorithm, s.Class.Limit, s.Keys, s.Windows, s.Admitted, s.MaxRatio, s.OverLimit, s.OverStrict, s.OverBound, s.Under, s.MaxUnderPct)
 	}
+	fmt.Fprintln(out, "(under: denials while the exact sliding log of the scope's admissions had room, in every order overlapping decisions may have come in)")
 	fmt.Fprintln(out, "(over strict: over limit + hits lost to kill -9 + others' admissions unheard within the staleness, before the NATS outage allowance)")
 	if len(l.Violations) == 0 {
 		fmt.Fprintln(out, "violations: none")

@@ -2,6 +2,7 @@ package soak
 
 import (
 	"context"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -46,6 +47,11 @@ func TestLedgerBounds(t *testing.T) {
 	}
 	if led.Allowed != 12 || led.Windows != 3 || led.Keys != 3 || led.WarmUp != 0 {
 		t.Errorf("allowed %d windows %d keys %d warm-up %d, want 12, 3, 3, 0", led.Allowed, led.Windows, led.Keys, led.WarmUp)
+	}
+	// Under-admission: the global denial at the window's start had room
+	// (under, 1 of 3: 33%); the one at 7 s did not (4 admitted before it).
+	if u := led.Classes[1]; u.Under != 1 || math.Abs(u.MaxUnderPct-100.0/3) > 1e-9 || led.Classes[0].Under != 0 {
+		t.Errorf("under: global %d (max %.1f%%), pop %d; want 1 (33.3%%), 0", u.Under, u.MaxUnderPct, led.Classes[0].Under)
 	}
 	// The same decisions with the load begun mid-window: a cold start, not checked.
 	if led := Check(classes, Topology, ds[1:], faults, testBounds, 0); len(led.Violations) != 0 || led.WarmUp != 3 {
