@@ -466,9 +466,10 @@ func equalInts(a, b []int) bool {
 // BenchmarkRun reports simulated decisions per second of wall time, over all
 // strategies of each shipped scenario; mix-tenth is mix.yaml with a tenth of
 // its sources for a fifth of its time, mix-2m all its sources for a fifth of
-// its time (the full run's memory footprint, in a fifth of the wait).
+// its time (the full run's memory footprint, in a fifth of the wait),
+// crawler-bounded 5,000 keys under consistency bounded for 20 s.
 func BenchmarkRun(b *testing.B) {
-	for _, name := range []string{"spray.yaml", "anycast.yaml", "partition.yaml", "mix-tenth", "mix-2m"} {
+	for _, name := range []string{"spray.yaml", "anycast.yaml", "partition.yaml", "mix-tenth", "mix-2m", "crawler-bounded"} {
 		b.Run(strings.TrimSuffix(name, ".yaml"), func(b *testing.B) {
 			var sc Scenario
 			switch name {
@@ -479,6 +480,10 @@ func BenchmarkRun(b *testing.B) {
 			case "mix-2m":
 				sc = load(b, "mix.yaml")
 				sc.Duration /= 5
+			case "crawler-bounded": // many keys, each demanded at one PoP
+				sc = load(b, "crawler.yaml")
+				sc.Duration = 20 * time.Second
+				sc.Limit.Consistency = "bounded"
 			default:
 				sc = load(b, name)
 			}

@@ -41,3 +41,43 @@ func BenchmarkDecide(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRebalance is one flush's Rebalance of a ledger that holds many
+// keys, each demanded at one other replica (a crowd of small clients, each
+// pinned to a PoP), with nothing heard since the last flush: the steady
+// state of a PoP beside a busy one, where no give is due.
+func BenchmarkRebalance(b *testing.B) {
+	for _, keys := range []int{100, 5000} {
+		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) {
+			const n = 10
+			names := make([]string, n)
+			for i := range names {
+				names[i] = "pop" + strconv.Itoa(i)
+			}
+			l, err := New(Config{Self: names[0], Replicas: names, Incarnation: -7200 * sec})
+			if err != nil {
+				b.Fatal(err)
+			}
+			spec := Spec{Limit: 600, Window: 60 * sec, Sliding: true}
+			var items []Item
+			for i := range keys {
+				items = append(items, Item{Kind: Requested, Key: "k" + strconv.Itoa(i), Window: 0, Spec: spec,
+					Replica: names[1+i%(n-1)], Value: 5})
+			}
+			for _, r := range names[1:] {
+				if err := l.Apply(News{From: r, Incarnation: -7200 * sec, SentAt: 0}, items); err != nil {
+					b.Fatal(err)
+				}
+			}
+			now := int64(sec)
+			l.Rebalance(now)
+			l.Delta(now)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				now += sec / 1000 // within the window
+				l.Rebalance(now)
+			}
+		})
+	}
+}

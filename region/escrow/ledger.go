@@ -84,6 +84,11 @@ type Ledger struct {
 	entries map[entryKey]*entry
 	dirty   []*entry
 
+	// The keys Rebalance looks at (see Rebalance, "Which keys"): active
+	// ones each time, and the keys set aside until a window boundary.
+	active map[string]Spec
+	wake   map[int64]map[string]Spec // by the boundary instant
+
 	latest  int64 // the newest instant seen
 	horizon int64 // the newest instant passed to Prune
 	pruned  bool  // Prune was called
@@ -153,6 +158,8 @@ func New(cfg Config) (*Ledger, error) {
 		heard:   make([]int64, n),
 		alive:   make([]int64, n),
 		entries: make(map[entryKey]*entry),
+		active:  make(map[string]Spec),
+		wake:    make(map[int64]map[string]Spec),
 		latest:  math.MinInt64,
 		demand:  make([]uint64, n),
 		target:  make([]uint64, n),
@@ -554,11 +561,27 @@ func (l *Ledger) join(it Item) error {
 	case Count:
 		e.count[o] = max(e.count[o], it.Value)
 	case Requested:
+		if it.Value > e.req[o] && o != l.self {
+			l.active[e.key] = e.spec // another replica's demand: targets move
+		}
 		e.req[o] = max(e.req[o], it.Value)
 	case Give:
+		if to == l.self && it.Value > l.given(e, o, to, it.ToIncarnation) {
+			l.active[e.key] = e.spec // this replica holds more: it may have excess
+		}
 		l.raiseGive(e, o, to, it.ToIncarnation, it.Value)
 	}
 	return nil
+}
+
+// given returns give(from→to@toInc) of e as heard.
+func (l *Ledger) given(e *entry, from, to int, toInc int64) uint64 {
+	for _, g := range e.gives {
+		if g.from == from && g.to == to && g.toInc == toInc {
+			return g.value
+		}
+	}
+	return 0
 }
 
 // raiseGive sets give(from→to@toInc) of e to v if v is larger than held,
@@ -584,12 +607,7 @@ func (l *Ledger) raiseGive(e *entry, from, to int, toInc int64, v uint64) {
 
 // giveTo returns give(self→to@toInc) of e.
 func (l *Ledger) giveTo(e *entry, to int, toInc int64) uint64 {
-	for _, g := range e.gives {
-		if g.from == l.self && g.to == to && g.toInc == toInc {
-			return g.value
-		}
-	}
-	return 0
+	return l.given(e, l.self, to, toInc)
 }
 
 // Delta returns the news to send and this replica's own items — counts,

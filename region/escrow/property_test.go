@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -102,5 +103,34 @@ func TestProperty(t *testing.T) {
 			}
 			t.Logf("%d seeds: %d admissions checked, %d gives made, %d restarts", n, admissions, gives, crashes)
 		})
+	}
+}
+
+// TestRebalanceLooksAtWhatChanged: Rebalance sets keys aside until their
+// gives can change (see Rebalance, "Which keys"); over random scenarios,
+// with and without streams, its gives — and so every admission after them —
+// are the same as when it looks at every key held at every flush.
+func TestRebalanceLooksAtWhatChanged(t *testing.T) {
+	seeds := uint64(*seedsFlag / 2)
+	if testing.Short() {
+		seeds = 20
+	}
+	for _, fifo := range []bool{false, true} {
+		for seed := uint64(1); seed <= seeds; seed++ {
+			var runs [2]*sim
+			for i, sweep := range []bool{false, true} {
+				p := randomParams(seed, 0, fifo)
+				p.check, p.sweep = false, sweep
+				runs[i] = newSim(p)
+				if err := runs[i].run(); err != nil {
+					t.Fatalf("seed %d fifo %v sweep %v: %v", seed, fifo, sweep, err)
+				}
+			}
+			a, b := runs[0], runs[1]
+			if a.gives != b.gives || !slices.Equal(a.log, b.log) {
+				t.Fatalf("seed %d fifo %v: %d gives and %d admissions looking at changed keys, %d and %d looking at all",
+					seed, fifo, a.gives, len(a.log), b.gives, len(b.log))
+			}
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package escrow
 
 import (
+	"cmp"
 	"slices"
 	"strings"
 )
@@ -40,38 +41,90 @@ import (
 // its admissions of x need (used): for a fixed window ⌈C·Scale/L⌉, for a
 // sliding one ⌈C·Scale/(L − P̂·(1−e))⌉ at now. So after any give, C ≤
 // f·L/Scale (or f/Scale·(L − P̂(1−e))) still holds.
+//
+// Which keys. Rebalance looks only at keys whose gives may have changed, so
+// that a flush costs what changed rather than every key held. A give from
+// this replica needs both another replica's demand and allowance here above
+// the band; so after a look that found no other replica ever requesting the
+// key, or this replica holding no more than the band of the current and the
+// next window, the key is set aside, until one of the two can change:
+// another replica's requested count grows (Apply), a give to this replica
+// arrives (Apply), or — for a key another replica requested — the next
+// window boundary, where a new window brings a new start share to pre-give.
+// What else moves with time alone (the decay of the estimates above, the
+// sliding room) changes the gives of a key only while it is looked at
+// anyway. A key with no window at or around now is dropped.
 func (l *Ledger) Rebalance(now int64) []Item {
 	now = l.clock(now)
 	l.act()
+	for at, keys := range l.wake {
+		if at > now {
+			continue
+		}
+		for k, spec := range keys {
+			l.active[k] = spec
+		}
+		delete(l.wake, at)
+	}
 	type keyRef struct {
 		key  string
 		spec Spec
-		cur  int64
 	}
-	var keys []keyRef
-	for _, e := range l.entries {
-		cur := windowStart(now, e.spec.Window)
-		switch e.window {
-		case cur:
-		case cur - e.spec.Window:
-			if l.entries[entryKey{e.key, cur}] != nil {
-				continue
-			}
-		default:
-			continue
-		}
-		keys = append(keys, keyRef{e.key, e.spec, cur})
+	keys := make([]keyRef, 0, len(l.active))
+	for k, spec := range l.active {
+		keys = append(keys, keyRef{k, spec})
 	}
 	slices.SortFunc(keys, func(a, b keyRef) int { return strings.Compare(a.key, b.key) })
 	var out []Item
 	for _, k := range keys {
-		out = l.rebalanceKey(now, k.key, k.spec, k.cur, out)
+		win := k.spec.Window
+		cur := windowStart(now, win)
+		ec, ep := l.entries[entryKey{k.key, cur}], l.entries[entryKey{k.key, cur - win}]
+		var stay bool
+		switch e := cmp.Or(ec, ep); {
+		case e != nil:
+			out, stay = l.rebalanceKey(now, k.key, e.spec, cur, out)
+		case l.entries[entryKey{k.key, cur + win}] == nil:
+			delete(l.active, k.key) // nothing left of it
+			continue
+		}
+		if stay {
+			continue
+		}
+		delete(l.active, k.key)
+		if l.requestedElsewhere(k.key, cur, win) {
+			at := cur + win
+			if l.wake[at] == nil {
+				l.wake[at] = make(map[string]Spec)
+			}
+			l.wake[at][k.key] = k.spec
+		}
 	}
 	return out
 }
 
+// requestedElsewhere reports whether another replica requested key in the
+// window starting at cur, the one before or the one after.
+func (l *Ledger) requestedElsewhere(key string, cur, win int64) bool {
+	for _, w := range [...]int64{cur - win, cur, cur + win} {
+		e := l.entries[entryKey{key, w}]
+		if e == nil {
+			continue
+		}
+		for k, r := range e.req {
+			if k != l.self && r > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // rebalanceKey is Rebalance for one key whose current window starts at cur.
-func (l *Ledger) rebalanceKey(now int64, key string, spec Spec, cur int64, out []Item) []Item {
+// It reports whether the key must be looked at again next time: whether
+// another replica has demand and this replica holds more than the band of
+// the current or the next window.
+func (l *Ledger) rebalanceKey(now int64, key string, spec Spec, cur int64, out []Item) ([]Item, bool) {
 	win := uint64(spec.Window)
 	ec := l.entries[entryKey{key, cur}]
 	ep := l.entries[entryKey{key, cur - spec.Window}]
@@ -94,14 +147,24 @@ func (l *Ledger) rebalanceKey(now int64, key string, spec Spec, cur int64, out [
 		l.demand[k] = d
 		sum = addSat(sum, d)
 	}
-	if sum == 0 {
-		return out
+	if sum == l.demand[l.self] { // no demand elsewhere: nothing to give
+		return out, false
 	}
 	for k := range l.names {
 		l.target[k] = mulDiv(l.scale, l.demand[k], sum)
 	}
 	out = l.giveFrom(now, key, spec, cur, true, out)
-	return l.giveFrom(now, key, spec, cur+spec.Window, false, out)
+	out = l.giveFrom(now, key, spec, cur+spec.Window, false, out)
+	return out, l.heldOf(key, cur) > l.band || l.heldOf(key, cur+spec.Window) > l.band
+}
+
+// heldOf is held for the window of key starting at w, the start share if
+// this replica has no entry for it.
+func (l *Ledger) heldOf(key string, w int64) uint64 {
+	if e := l.entries[entryKey{key, w}]; e != nil {
+		return l.held(e)
+	}
+	return l.startShare(l.self, w)
 }
 
 // giveFrom makes this replica's gives of key's window starting at w, toward

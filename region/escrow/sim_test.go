@@ -105,6 +105,7 @@ type simParams struct {
 	fifo      bool    // links deliver in the order sent and lose nothing (a stream); messages carry deltas
 	check     bool    // check the invariants after every event
 	checkHeld bool    // and, with check, the fractions held
+	sweep     bool    // Rebalance looks at every key held, not only the ones it keeps active
 }
 
 func (p simParams) String() string {
@@ -300,6 +301,9 @@ func (s *sim) flush(i int) {
 		return
 	}
 	at := s.local(i)
+	if s.p.sweep {
+		r.l.lookAtAll()
+	}
 	s.gives += len(r.l.Rebalance(at))
 	if s.p.fifo {
 		s.flushDelta(i, at)

@@ -8,3 +8,11 @@ const (
 	ms  = int64(time.Millisecond)
 	S   = DefaultScale
 )
+
+// lookAtAll makes the next Rebalance look at every key held, as it did
+// before it kept the keys it looks at.
+func (l *Ledger) lookAtAll() {
+	for _, e := range l.entries {
+		l.active[e.key] = e.spec
+	}
+}
