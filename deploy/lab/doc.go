@@ -26,6 +26,35 @@
 // on its own, as the simulator's direct path does; a cut of either region
 // cuts it. The simulator run beside it then has direct: true too.
 //
+// The PoPs count as Layout says. StoreRedis is what deploy/ ships
+// (deploy/compose.yaml, deploy/systemd/pop.yaml): every PoP its own
+// redis-server, a host of its own in its region, and Layout.Servers servers
+// under the PoP's name counting into it, each a host, all taking traffic.
+// StoreMixed puts every other PoP on Redis and the rest on the embedded
+// store, which has one server per PoP (two embedded stores under one name
+// would be two replicas publishing as one). StoreEmbedded is the embedded
+// store everywhere. Every server runs deploy/systemd/pop.yaml with only
+// what differs per server on its command line; every NATS server runs
+// deploy/nats's config with its leaf links' TLS on, from certificates the
+// lab makes; every PoP connects with its own nkey from `edgelimit
+// natsconf`, which also writes the servers' accounts.
+//
+// After the scenario's traffic the lab drives traffic shapes itself
+// (Shapes: paced, a burst of 300 checks in 0.1 s over every server, one
+// client alternating two PoPs of two regions), each on a key of its own of
+// a global limit of 100 per hour with the consistency asked for (bounded
+// only on embedded PoPs: a PoP on Redis refuses it, and so does NewPlan).
+// Every decision is recorded with its send and answer times, and the
+// ledger (Ledger) grades it against the exact sliding log of every PoP's
+// admissions, per limit and fixed window: over-admission (admitted while
+// the log was full), beyond the stated bound, and under-admission (denied
+// while the log had room) — the simulator's oracle's rule
+// (simulate.Grade), applied in every order that overlapping decisions may
+// have been made in. Beside each shape, the simulator runs the same shape on
+// the same network (ShapeScenario). The scenario's own traffic, which
+// `edgelimit load` reports per second, is graded per window: its excess
+// over the limit and what it admitted short of it (Window.Short).
+//
 // Run needs root (ip netns), and tears down everything it made — also on
 // error and on interrupt — and, before it starts, whatever an earlier run
 // left behind (everything named with Prefix).

@@ -52,8 +52,9 @@ type Config struct {
 	// deploy/systemd/pop.yaml from there.
 	Root string
 	// Edgelimit and NATSServer are the binaries (NATSServer of the version
-	// go.mod names; see Build).
-	Edgelimit, NATSServer string
+	// go.mod names; see Build); RedisServer is redis-server, needed when the
+	// plan's layout has Redis PoPs.
+	Edgelimit, NATSServer, RedisServer string
 	// Dir holds the run's configs, data and logs; it is kept.
 	Dir string
 	// Log receives a line per step; nil for none.
@@ -67,6 +68,11 @@ type Config struct {
 	// alert fires, heals it, and waits for the alert to resolve.
 	Prometheus string
 	AlertPhase bool
+	// Shapes are the traffic shapes (Shapes) run after the scenario, each
+	// once, on the shapes' global limit of consistency Consistency
+	// (eventual when ""; bounded only on a layout of embedded PoPs).
+	Shapes      []string
+	Consistency string
 	// PoPEnv is added to every PoP's environment: the place for per-PoP
 	// credentials (EDGELIMIT_NATS_CREDS, …) once the configs take them.
 	PoPEnv func(pop string) []string
@@ -97,6 +103,9 @@ func (l *lab) logf(format string, args ...any) {
 func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if os.Geteuid() != 0 {
 		return Report{}, errors.New("lab: needs root (ip netns)")
+	}
+	if err := BoundedOn(cfg.Plan.Layout, cfg.shapeConsistency()); err != nil {
+		return Report{}, err
 	}
 	began := time.Now()
 	l := &lab{cfg: cfg, plan: cfg.Plan, procs: map[string]*Proc{}, popArg: map[string][]string{},
@@ -132,6 +141,9 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if err := l.startNATS(ctx); err != nil {
 		return Report{}, err
 	}
+	if err := l.startRedis(ctx); err != nil {
+		return Report{}, err
+	}
 	if err := l.startPoPs(ctx); err != nil {
 		return Report{}, err
 	}
@@ -143,6 +155,11 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	rep, err = l.runScenario(ctx)
 	if err != nil {
 		return rep, err
+	}
+	if len(cfg.Shapes) > 0 {
+		if rep.Shapes, err = l.runShapes(ctx); err != nil {
+			return rep, err
+		}
 	}
 	if cfg.Faults {
 		rep.Faults = l.runFaults(ctx)
@@ -424,15 +441,18 @@ func sleep(ctx context.Context, d time.Duration) error {
 // rulesFile writes the lab's one rule: the scenario's limit, global.
 func (l *lab) rulesFile() (string, error) {
 	lim := l.plan.Scenario.Limit
-	text := fmt.Sprintf(`# The lab's rules: the scenario's limit, global across every PoP, and an
-# hour-long one the faults use to see a PoP keep its counts across kill -9.
+	text := fmt.Sprintf(`# The lab's rules: the scenario's limit, global across every PoP, an
+# hour-long one the faults use to see a PoP keep its counts across kill -9,
+# and the traffic shapes' (one key value per shape).
 domain: %s
 descriptors:
   - key: %s
     rate_limit: {unit: %s, requests_per_unit: %d, algorithm: %s, scope: global}
   - key: %s
     rate_limit: {unit: hour, requests_per_unit: %d, scope: global}
-`, Domain, Key, lim.Unit, lim.RequestsPerUnit, lim.Algorithm, durableKey, durableLimit)
+  - key: %s
+    rate_limit: {unit: hour, requests_per_unit: %d, scope: global, consistency: %s}
+`, Domain, Key, lim.Unit, lim.RequestsPerUnit, lim.Algorithm, durableKey, durableLimit, ShapeKey, ShapeLimit, l.cfg.shapeConsistency())
 	path := filepath.Join(l.cfg.Dir, "rules.yaml")
 	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
 		return "", err
@@ -459,10 +479,14 @@ func (l *lab) startPoPs(ctx context.Context) error {
 			urls = append(urls, fmt.Sprintf("nats://%s:%d", s.IP, natsClientPort))
 		}
 		for _, h := range r.PoPs {
+			store := "embedded"
+			if h.Redis != "" {
+				store = "redis://" + h.Redis
+			}
 			args := []string{"pop", "--config", popYAML, "--rules", rulesPath,
-				"--data", filepath.Join(l.cfg.Dir, h.Name), "--store", "embedded",
-				"--region", r.Name, "--pop", h.Name, "--topology", l.plan.Topology,
-				"--nats", strings.Join(urls, ","), "--nats-nkey", filepath.Join(l.keysDir(), h.Name+".nk"),
+				"--data", filepath.Join(l.cfg.Dir, h.Name), "--store", store,
+				"--region", r.Name, "--pop", h.PoP, "--topology", l.plan.Topology,
+				"--nats", strings.Join(urls, ","), "--nats-nkey", filepath.Join(l.keysDir(), h.PoP+".nk"),
 				"--flush-interval", sc.FlushInterval.String(), "--snapshot-interval", sc.SnapshotInterval.String(),
 				"--unreachable-after", sc.UnreachableAfter.String(),
 				"--partition-share", strconv.FormatFloat(sc.PartitionShare, 'g', -1, 64)}
@@ -502,7 +526,56 @@ func (l *lab) startPoPs(ctx context.Context) error {
 			return err
 		}
 	}
-	l.logf("%d PoPs ready, every one hearing every region", len(l.pops()))
+	l.logf("%d PoP servers ready (%s), every one hearing every region", len(l.pops()), l.plan.Layout)
+	return nil
+}
+
+// startRedis starts the redis-server of every Redis PoP, as deploy/compose.yaml
+// runs it (no persistence), on its own host, and waits until each answers.
+func (l *lab) startRedis(ctx context.Context) error {
+	var hosts []Host
+	for _, r := range l.plan.Regions {
+		hosts = append(hosts, r.Redis...)
+	}
+	if len(hosts) == 0 {
+		return nil
+	}
+	if l.cfg.RedisServer == "" {
+		return fmt.Errorf("lab: the %s layout needs redis-server (Config.RedisServer; not found on PATH)", l.plan.Layout.Store)
+	}
+	for _, h := range hosts {
+		if _, err := l.start(h, h.Name, nil, l.cfg.RedisServer, "--bind", h.IP, "--port", strconv.Itoa(redisPort),
+			"--save", "", "--appendonly", "no", "--protected-mode", "no"); err != nil {
+			return err
+		}
+	}
+	for _, h := range hosts {
+		if err := l.waitFor(ctx, 30*time.Second, h.Name+" answers PING", func() error {
+			return l.alive(h.Name, func() error { return redisPing(fmt.Sprintf("%s:%d", h.IP, redisPort)) })
+		}); err != nil {
+			return err
+		}
+	}
+	l.logf("%d redis-servers up, one per Redis PoP", len(hosts))
+	return nil
+}
+
+// redisPing sends PING to the redis-server at addr and wants PONG.
+func redisPing(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := io.WriteString(c, "PING\r\n"); err != nil {
+		return err
+	}
+	b := make([]byte, 7)
+	n, err := io.ReadAtLeast(c, b, 7)
+	if err != nil || string(b[:n]) != "+PONG\r\n" {
+		return fmt.Errorf("PING: %q, %v", b[:n], err)
+	}
 	return nil
 }
 
@@ -532,7 +605,16 @@ func (l *lab) ready(h Host) func() error {
 	}
 }
 
-// pops lists every PoP host, region by region.
+// popCount is the number of PoPs (not servers).
+func (l *lab) popCount() int {
+	seen := map[string]bool{}
+	for _, h := range l.pops() {
+		seen[h.PoP] = true
+	}
+	return len(seen)
+}
+
+// pops lists every PoP server's host, region by region.
 func (l *lab) pops() []Host {
 	var out []Host
 	for _, r := range l.plan.Regions {

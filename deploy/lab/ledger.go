@@ -43,6 +43,14 @@ type LedgerLimit struct {
 //   - Under counts denials the log had room for: even counting every
 //     admission that may have come before it, its hits fit.
 //
+// Over and Under count decisions, as the simulator's false allows and
+// false denies do; a client denied 50 times while the log held 98 of 100
+// is 50 denials under, but only 2 hits short. So the row also says by how
+// much the window missed the limit, either way: Excess, the hits it
+// admitted past the limit, and Short, those an exact limiter would have
+// admitted on top (min(offered, limit) − admitted), as the simulator's
+// mean excess per window counts fixed windows.
+//
 // A real PoP decides at some instant between a request's send and its
 // answer, so the order of overlapping decisions is not known: an admission
 // is over only if it is over in every order, a denial under only if it is
@@ -57,6 +65,11 @@ type LedgerRow struct {
 	Over, OverBound   int64
 	Under             int64
 }
+
+// Excess and Short are the hits the row's window admitted past the limit,
+// and short of it.
+func (r LedgerRow) Excess() int64 { return max(r.Admitted-r.Of, 0) }
+func (r LedgerRow) Short() int64  { return max(min(r.Offered, r.Of)-r.Admitted, 0) }
 
 // OverPct, OverBoundPct and UnderPct are the row's counts in percent of the
 // limit.
@@ -162,9 +175,12 @@ func Ledger(lim LedgerLimit, ds []Decision) []LedgerRow {
 
 // writeLedger writes rows as a table: one line per (limit, window).
 func writeLedger(w io.Writer, rows []LedgerRow) {
-	fmt.Fprintf(w, "%-24s %-20s %7s %8s %12s %12s %12s\n", "limit", "window", "offered", "admitted", "over (%lim)", "beyond bound", "under (%lim)")
+	fmt.Fprintf(w, "%-12s %-17s %7s %8s %8s %8s %6s %7s %8s %6s\n", "limit", "window", "offered", "admitted",
+		"excess%", "short%", "over", "beyond", "under", "under%")
 	for _, r := range rows {
-		fmt.Fprintf(w, "%-24s %-20s %7d %8d %5d %5.1f%% %5d %5.1f%% %5d %5.1f%%\n", r.Limit, r.Start.UTC().Format("2006-01-02T15:04"),
-			r.Offered, r.Admitted, r.Over, r.OverPct(), r.OverBound, r.OverBoundPct(), r.Under, r.UnderPct())
+		fmt.Fprintf(w, "%-12s %-17s %7d %8d %8.1f %8.1f %6d %7d %8d %6.1f\n", r.Limit, r.Start.UTC().Format("2006-01-02T15:04"),
+			r.Offered, r.Admitted, pct(r.Excess(), r.Of), pct(r.Short(), r.Of), r.Over, r.OverBound, r.Under, r.UnderPct())
 	}
+	fmt.Fprintln(w, "(excess%, short%: hits admitted past the limit and short of it, % of the limit; over, beyond: admissions the exact")
+	fmt.Fprintln(w, " sliding log was full for, and of them past the stated bound; under: denials it had room for, and % of the limit)")
 }

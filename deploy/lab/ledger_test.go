@@ -117,3 +117,30 @@ func TestLedgerOverlap(t *testing.T) {
 		t.Errorf("bounded: %+v; want the second admission beyond the bound (the limit), 100%% of it", rows)
 	}
 }
+
+// TestLedgerShortAndExcess: a window that admits 98 of a limit of 100 and
+// then denies 52 checks has 52 denials under but is only 2 hits short; one
+// that admits 294 is 194 in excess.
+func TestLedgerShortAndExcess(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0).Truncate(time.Hour)
+	lim := LedgerLimit{Name: "g", Limit: 100, Window: time.Hour, Bounded: true}
+	var ds []Decision
+	for i := range 150 {
+		at := t0.Add(time.Duration(i) * time.Millisecond)
+		ds = append(ds, Decision{Limit: "g", PoP: "a", Send: at, Recv: at, Hits: 1, Allowed: i < 98})
+	}
+	rows := Ledger(lim, ds)
+	if len(rows) != 1 || rows[0].Under != 52 || rows[0].Short() != 2 || rows[0].Excess() != 0 {
+		t.Errorf("98 admitted then 52 denied: %+v, short %d, excess %d; want 52 under, 2 short, no excess", rows, rows[0].Short(), rows[0].Excess())
+	}
+	for i := range ds {
+		ds[i].Allowed = i < 294
+	}
+	rows = Ledger(lim, ds)
+	if r := (LedgerRow{Of: 100, Offered: 300, Admitted: 294}); r.Excess() != 194 || r.Short() != 0 {
+		t.Errorf("294 of 300 admitted: excess %d, short %d; want 194, 0", r.Excess(), r.Short())
+	}
+	if rows[0].Over != 50 || rows[0].Excess() != 50 {
+		t.Errorf("150 admitted one after the other: over %d, excess %d; want 50, 50", rows[0].Over, rows[0].Excess())
+	}
+}

@@ -61,7 +61,7 @@ func setupNetwork(p Plan) error {
 			[]string{"rule", "add", "from", wanIP(r.Index, false), "lookup", strconv.Itoa(wanTable(r.Index)), "pref", strconv.Itoa(wanTable(r.Index))},
 			wanRoute(r),
 		)
-		for j, h := range append(append([]Host{}, r.NATS...), r.PoPs...) {
+		for j, h := range append(append(append([]Host{}, r.NATS...), r.PoPs...), r.Redis...) {
 			l := hostLink(r.Index, j)
 			steps = append(steps,
 				[]string{"netns", "add", h.NS},

@@ -24,6 +24,7 @@ const NATSPerRegion = 3
 // by NewPlan from a scenario and read by Run.
 type Plan struct {
 	Scenario simulate.Scenario
+	Layout   Layout
 	Regions  []RegionPlan // the first is the NATS hub
 	// Links are the relays between every leaf region's servers and the
 	// hub's, one per (leaf region, hub server).
@@ -39,19 +40,66 @@ type Plan struct {
 }
 
 // RegionPlan is one region: its index (1-based, the third octet of its
-// subnet), NATS hosts and PoP hosts.
+// subnet), NATS hosts, PoP servers' hosts (the servers of a PoP one after
+// the other) and the hosts of its PoPs' redis-servers.
 type RegionPlan struct {
 	Name  string
 	Index int
 	NATS  []Host
 	PoPs  []Host
+	Redis []Host
 }
 
 // Host is one network namespace with one address on its region's bridge.
 type Host struct {
-	Name string // the NATS server's or PoP's name
+	Name string // the NATS server's, PoP server's or redis-server's name
 	NS   string // namespace
 	IP   string
+	// PoP is the PoP a PoP server serves (its --pop): Name for a PoP's
+	// first server, Name without its "-s<k>" suffix for the others.
+	PoP string
+	// Redis is a PoP server's store, host:port of its PoP's redis-server;
+	// "" for the embedded store.
+	Redis string
+}
+
+// Store layouts of Layout.Store.
+const (
+	StoreEmbedded = "embedded" // every PoP counts in its own embedded store
+	StoreRedis    = "redis"    // every PoP in its own redis-server, as deploy/ ships it
+	StoreMixed    = "mixed"    // every other PoP in Redis, from the first: Redis PoPs beside embedded ones
+)
+
+// redisPort is every lab redis-server's port, as deploy/ ships it.
+const redisPort = 6379
+
+// Layout is how the PoPs of a plan count: in which store, and on how many
+// servers. The zero value is one server per PoP on the embedded store.
+type Layout struct {
+	Store string // StoreEmbedded ("" too), StoreRedis or StoreMixed
+	// Servers is the number of servers of every Redis PoP, all under the
+	// PoP's name, counting into its one Redis, all taking traffic (0: 1).
+	// An embedded PoP has one server: two embedded stores under one name
+	// would be two replicas publishing as one.
+	Servers int
+}
+
+// String names the layout as the lab's flags do.
+func (l Layout) String() string {
+	st := l.Store
+	if st == "" {
+		st = StoreEmbedded
+	}
+	if l.Store == StoreEmbedded || l.Store == "" || l.Servers <= 1 {
+		return st
+	}
+	return fmt.Sprintf("%s, %d servers per Redis PoP sharing its Redis", st, l.Servers)
+}
+
+// redisPoP says whether the PoP at index i (over every region, in order)
+// counts in Redis.
+func (l Layout) redisPoP(i int) bool {
+	return l.Store == StoreRedis || (l.Store == StoreMixed && i%2 == 0)
 }
 
 // LinkPlan is a relay: listening on the leaf region's wan address, relaying
@@ -128,12 +176,25 @@ const (
 // ErrUnsupported is wrapped by NewPlan for a scenario the lab cannot run.
 var ErrUnsupported = errors.New("lab: unsupported scenario")
 
-// NewPlan lays out sc. The scenario must have one limit key (the lab's
-// loads all send the same value), no clock skew, duplicates or generated
-// mix, and no on/off sources; regions are at most 250 and hold at most 240
-// hosts each.
-func NewPlan(sc simulate.Scenario) (Plan, error) {
+// NewPlan lays out sc on the PoPs of layout lay. The scenario must have one
+// limit key (the lab's loads all send the same value), no clock skew,
+// duplicates or generated mix, and no on/off sources; regions are at most
+// 250 and hold at most 240 hosts each. A scenario whose limit has
+// consistency bounded runs only on embedded PoPs, as the PoPs refuse it on
+// Redis.
+func NewPlan(sc simulate.Scenario, lay Layout) (Plan, error) {
 	if err := sc.Validate(); err != nil {
+		return Plan{}, err
+	}
+	switch lay.Store {
+	case "", StoreEmbedded, StoreRedis, StoreMixed:
+	default:
+		return Plan{}, fmt.Errorf("lab: store layout %q: want %s, %s or %s", lay.Store, StoreEmbedded, StoreRedis, StoreMixed)
+	}
+	if lay.Servers < 0 || lay.Servers > 9 {
+		return Plan{}, fmt.Errorf("lab: %d servers per PoP: want 1 to 9", lay.Servers)
+	}
+	if err := BoundedOn(lay, sc.Limit.Consistency); err != nil {
 		return Plan{}, err
 	}
 	switch {
@@ -146,22 +207,43 @@ func NewPlan(sc simulate.Scenario) (Plan, error) {
 	case len(sc.Regions) > 250:
 		return Plan{}, fmt.Errorf("%w: %d regions, at most 250", ErrUnsupported, len(sc.Regions))
 	}
-	p := Plan{Scenario: sc}
+	p := Plan{Scenario: sc, Layout: lay}
 	var topo []string
 	var pops []Host
+	var popNames []string
+	popIndex := 0
 	for i, r := range sc.Regions {
-		if len(r.PoPs)+NATSPerRegion > 240 {
-			return Plan{}, fmt.Errorf("%w: region %s has %d PoPs, at most %d", ErrUnsupported, r.Name, len(r.PoPs), 240-NATSPerRegion)
+		if len(r.PoPs)*(max(lay.Servers, 1)+1)+NATSPerRegion > 240 {
+			return Plan{}, fmt.Errorf("%w: region %s has %d PoPs, too many hosts for one subnet", ErrUnsupported, r.Name, len(r.PoPs))
 		}
 		rp := RegionPlan{Name: r.Name, Index: i + 1}
 		for k := range NATSPerRegion {
 			name := fmt.Sprintf("nats-%s-%d", r.Name, k+1)
 			rp.NATS = append(rp.NATS, Host{Name: name, NS: Prefix + "-" + name, IP: hostIP(rp.Index, k)})
 		}
-		for j, pop := range r.PoPs {
-			h := Host{Name: pop, NS: Prefix + "-pop-" + pop, IP: hostIP(rp.Index, NATSPerRegion+j)}
-			rp.PoPs = append(rp.PoPs, h)
-			pops = append(pops, h)
+		j := NATSPerRegion
+		for _, pop := range r.PoPs {
+			servers, store := 1, ""
+			if lay.redisPoP(popIndex) {
+				servers = max(lay.Servers, 1)
+				name := "redis-" + pop
+				rh := Host{Name: name, NS: Prefix + "-" + name, IP: hostIP(rp.Index, j), PoP: pop}
+				j++
+				rp.Redis = append(rp.Redis, rh)
+				store = fmt.Sprintf("%s:%d", rh.IP, redisPort)
+			}
+			popIndex++
+			popNames = append(popNames, pop)
+			for k := range servers {
+				name := pop
+				if k > 0 {
+					name = fmt.Sprintf("%s-s%d", pop, k+1)
+				}
+				h := Host{Name: name, NS: Prefix + "-pop-" + name, IP: hostIP(rp.Index, j), PoP: pop, Redis: store}
+				j++
+				rp.PoPs = append(rp.PoPs, h)
+				pops = append(pops, h)
+			}
 		}
 		p.Regions = append(p.Regions, rp)
 		topo = append(topo, r.Name+"="+strings.Join(r.PoPs, ","))
@@ -205,18 +287,36 @@ func NewPlan(sc simulate.Scenario) (Plan, error) {
 			for _, h := range pops {
 				add(h, s.Rate/float64(len(pops)))
 			}
-		default: // anycast
-			idx := slices.IndexFunc(pops, func(h Host) bool { return h.Name == s.PoP })
-			if s.PoP == "" {
-				idx = i % len(pops)
+		default: // anycast, over the PoP's servers
+			name := s.PoP
+			if name == "" {
+				name = popNames[i%len(popNames)]
 			}
-			if idx < 0 {
+			var servers []Host
+			for _, h := range pops {
+				if h.PoP == name {
+					servers = append(servers, h)
+				}
+			}
+			if len(servers) == 0 {
 				return Plan{}, fmt.Errorf("sources[%d]: no PoP %q", i, s.PoP)
 			}
-			add(pops[idx], s.Rate)
+			for _, h := range servers {
+				add(h, s.Rate/float64(len(servers)))
+			}
 		}
 	}
 	return p, nil
+}
+
+// BoundedOn returns an error when a limit of consistency c cannot run on
+// layout lay: consistency bounded is built only on the embedded store, and
+// a PoP on Redis refuses it (docs/consistency.md, "Where it runs").
+func BoundedOn(lay Layout, c string) error {
+	if c == "bounded" && (lay.Store == StoreRedis || lay.Store == StoreMixed) {
+		return fmt.Errorf("%w: consistency bounded on the %s layout: a PoP on Redis refuses a bounded limit (built only on the embedded store; docs/consistency.md); run it on -store embedded", ErrUnsupported, lay.Store)
+	}
+	return nil
 }
 
 // directRelays lays out the relays of every PoP's direct paths: for each

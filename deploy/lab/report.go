@@ -17,6 +17,8 @@ type Report struct {
 	Window         time.Duration // the limit's unit
 	Duration       time.Duration
 	PoPs, Regions  int
+	Servers        int       // PoP servers: more than PoPs when the servers of a Redis PoP share its Redis
+	Layout         string    // the plan's Layout
 	Direct         bool      // the PoPs had direct paths (--nats-direct), the simulator too
 	Start          time.Time // t = 0 of the scenario
 	Windows        []Window
@@ -37,6 +39,7 @@ type Report struct {
 	// work, or (without it) only the stall path.
 	HotBatches, DirectBatches int64
 	Partitions                []PartitionResult
+	Shapes                    []ShapeResult
 	Faults                    []FaultResult
 	Alert                     *AlertResult  // nil: no alert phase
 	Dashboard                 []QueryResult // the Grafana dashboard's queries on the lab's Prometheus
@@ -124,8 +127,8 @@ func (r Report) WriteTable(w io.Writer, sim *simulate.Report) error {
 	if r.Direct {
 		direct = "  direct paths"
 	}
-	fmt.Fprintf(&b, "lab %s  seed %d  %d PoPs in %d regions%s  limit %d per %v (global)  traffic %v from %s\n\n",
-		r.Scenario, r.Seed, r.PoPs, r.Regions, direct, r.Limit, r.Window, r.Duration, r.Start.UTC().Format(time.RFC3339))
+	fmt.Fprintf(&b, "lab %s  seed %d  %d PoPs (%d servers; %s) in %d regions%s  limit %d per %v (global)  traffic %v from %s\n\n",
+		r.Scenario, r.Seed, r.PoPs, r.Servers, r.Layout, r.Regions, direct, r.Limit, r.Window, r.Duration, r.Start.UTC().Format(time.RFC3339))
 	fmt.Fprintf(&b, "%8s %9s %9s %8s %8s\n", "window", "offered", "admitted", "excess%", "short%")
 	for _, win := range r.Windows {
 		mark := ""
@@ -171,6 +174,9 @@ func (r Report) WriteTable(w io.Writer, sim *simulate.Report) error {
 			return fmt.Sprintf("%s (counts)", fmtDur(x.Convergence.Max))
 		}), fmtDur(p.Restored)+" (share)")
 	}
+	if len(r.Shapes) > 0 {
+		writeShapes(&b, r.Shapes, r.Servers)
+	}
 	if r.LoadErrors > 0 {
 		fmt.Fprintf(&b, "\nload errors: %d (requests that got no answer)\n", r.LoadErrors)
 	}
@@ -197,4 +203,37 @@ func (r Report) WriteTable(w io.Writer, sim *simulate.Report) error {
 	fmt.Fprintf(&b, "\nwall time %v\n", r.Wall.Round(time.Second))
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeShapes writes every shape's figures beside the simulator's for the
+// same shape on the same network, then the shapes' ledger.
+func writeShapes(b *strings.Builder, shapes []ShapeResult, servers int) {
+	fmt.Fprintf(b, "\ntraffic shapes: global limit %d per hour, one key per shape, over %d PoP servers; graded against the exact sliding log\n", ShapeLimit, servers)
+	fmt.Fprintf(b, "%-10s %-11s %8s %9s %8s %8s %6s %7s %6s\n", "shape", "consistency", "span", "admitted", "excess%", "short%", "over", "beyond", "under")
+	var rows []LedgerRow
+	for _, s := range shapes {
+		sum := LedgerRow{Of: ShapeLimit}
+		for _, r := range s.Rows {
+			sum.Offered += r.Offered
+			sum.Admitted += r.Admitted
+			sum.Over += r.Over
+			sum.OverBound += r.OverBound
+			sum.Under += r.Under
+		}
+		rows = append(rows, s.Rows...)
+		errs := ""
+		if s.Errors > 0 {
+			errs = fmt.Sprintf("  (%d checks unanswered)", s.Errors)
+		}
+		fmt.Fprintf(b, "%-10s %-11s %8v %9s %8.1f %8.1f %6d %7d %6d%s\n", s.Shape, s.Consistency, s.Span.Round(time.Millisecond),
+			fmt.Sprintf("%d/%d", s.Admitted, s.Checks), pct(sum.Excess(), ShapeLimit), pct(sum.Short(), ShapeLimit), sum.Over, sum.OverBound, sum.Under, errs)
+		if x := s.Sim; x != nil {
+			sim := LedgerRow{Of: ShapeLimit, Offered: x.Decisions, Admitted: x.Admitted}
+			fmt.Fprintf(b, "%-10s %-11s %8s %9s %8.1f %8.1f %6d %7s %6d\n", "  sim", "", "", fmt.Sprintf("%d/%d", x.Admitted, x.Decisions),
+				pct(sim.Excess(), ShapeLimit), pct(sim.Short(), ShapeLimit), x.FalseAllows, "-", x.FalseDenies)
+		}
+	}
+	b.WriteString("(sim: edgelimit sim of the same shape on the scenario's network, one server per PoP on the embedded store; its over and\n")
+	b.WriteString(" under are its oracle's false allows and false denies, in its one order of decisions)\n\n")
+	writeLedger(b, rows)
 }

@@ -35,7 +35,8 @@ func (l *lab) runScenario(ctx context.Context) (Report, error) {
 	}
 	t0 := time.Now().Truncate(time.Second).Add(2 * time.Second)
 	rep := Report{Scenario: sc.Name, Seed: sc.Seed, Limit: sc.Limit.RequestsPerUnit, Window: unit.Duration(),
-		Duration: sc.Duration, PoPs: len(l.pops()), Regions: len(l.plan.Regions), Direct: sc.Direct, Start: t0}
+		Duration: sc.Duration, PoPs: l.popCount(), Servers: len(l.pops()), Regions: len(l.plan.Regions), Direct: sc.Direct,
+		Layout: l.plan.Layout.String(), Start: t0}
 	l.logf("scenario %s from %s: %v of traffic, %d loads, %d partitions",
 		sc.Name, t0.UTC().Format("15:04:05"), sc.Duration, len(l.plan.Loads), len(sc.Partitions))
 

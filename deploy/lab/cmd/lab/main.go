@@ -3,6 +3,7 @@
 // the simulator predicts for the same scenario. It needs root.
 //
 //	go run ./deploy/lab/cmd/lab [-scenario simulate/scenarios/partition.yaml] [-pops-per-region N] [-duration D] [-direct]
+//	    [-store redis|embedded|mixed] [-servers N] [-shapes paced,burst,alternate] [-consistency eventual|bounded]
 package main
 
 import (
@@ -27,10 +28,18 @@ Runs an edgelimit sim scenario on real sites: every NATS server (3 per
 region, from deploy/nats) and every PoP (from deploy/systemd/pop.yaml) a
 host in its own network namespace, the links between regions delayed,
 jittered and lossy as the scenario says, its partitions made by taking a
-region's link down. With -direct (or the scenario's direct: true) every PoP
+region's link down. Every PoP counts in its own redis-server, its servers
+(-servers, 2) sharing it under the PoP's name, as deploy/ ships it; -store
+embedded gives every PoP the embedded store, -store mixed puts every other
+PoP on Redis. With -direct (or the scenario's direct: true) every PoP
 also runs --nats-direct to the other regions' servers, each connection
 through a relay of its own with the scenario's link. Traffic comes from
-edgelimit load inside the PoPs' namespaces. Then, with -faults, a PoP is killed with kill -9 and restarted,
+edgelimit load inside the PoPs' namespaces. Then the traffic shapes
+(-shapes): paced checks, a burst of 300 in 0.1 s over every PoP server, and
+one client alternating two PoPs of two regions, on a global limit of 100 per
+hour of consistency -consistency, each decision graded against the exact
+sliding log (over-admission, beyond the stated bound, under-admission) beside
+the simulator's run of the same shape. Then, with -faults, a PoP is killed with kill -9 and restarted,
 and a hub NATS server stopped. Everything is torn down at the end, on error
 and on Ctrl-C. The report sets the measured windows and figures beside
 edgelimit sim's for the same scenario (written to DIR/scenario.yaml).
@@ -47,6 +56,10 @@ func main() {
 	prom := flag.String("prometheus", "", "prometheus `binary`: scrape the PoPs with deploy/prometheus's files, evaluate the Grafana dashboard's queries, and cut a region until the partition alert fires and resolves (about 2 minutes more)")
 	teardown := flag.Bool("teardown", false, "only remove what an earlier run left behind, and exit")
 	direct := flag.Bool("direct", false, "give every PoP direct paths to the other regions' NATS servers (--nats-direct), each through relays of its own\nwith the scenario's links, and simulate them (--direct); -direct=false turns off a scenario's direct: true (default: the scenario's direct)")
+	store := flag.String("store", lab.StoreRedis, "PoPs' store: redis (each PoP its own redis-server, as deploy/ ships), embedded, or mixed (every other PoP on Redis)")
+	servers := flag.Int("servers", 2, "servers per Redis PoP, under the PoP's name on its one Redis, all taking traffic")
+	shapes := flag.String("shapes", "all", "traffic shapes after the scenario: paced, burst, alternate (comma-separated), all, or \"\" for none")
+	consistency := flag.String("consistency", "eventual", "the shapes' global limit's consistency: eventual, or bounded (embedded PoPs only: -store embedded)")
 	flag.Usage = func() { fmt.Fprint(os.Stderr, usage); flag.PrintDefaults() }
 	flag.Parse()
 	// -direct, when given, overrides the scenario's field either way.
@@ -56,14 +69,25 @@ func main() {
 			forceDirect = direct
 		}
 	})
-	if err := run(*scenario, *perRegion, *duration, forceDirect, *faults, *prom, *dir, *teardown); err != nil {
+	lay := lab.Layout{Store: *store, Servers: *servers}
+	sh, err := lab.ParseShapes(*shapes)
+	if err == nil && *consistency != "eventual" && *consistency != "bounded" {
+		err = fmt.Errorf("-consistency %q: want eventual or bounded", *consistency)
+	}
+	if err == nil {
+		err = lab.BoundedOn(lay, *consistency)
+	}
+	if err == nil {
+		err = run(*scenario, *perRegion, *duration, forceDirect, lay, sh, *consistency, *faults, *prom, *dir, *teardown)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "lab:", err)
 		os.Exit(1)
 	}
 }
 
 // run runs the lab; direct, when not nil, sets the scenario's Direct.
-func run(scenario string, perRegion int, duration time.Duration, direct *bool, faults bool, prom, dir string, teardownOnly bool) error {
+func run(scenario string, perRegion int, duration time.Duration, direct *bool, lay lab.Layout, shapes []string, consistency string, faults bool, prom, dir string, teardownOnly bool) error {
 	if teardownOnly {
 		return lab.Teardown()
 	}
@@ -89,7 +113,7 @@ func run(scenario string, perRegion int, duration time.Duration, direct *bool, f
 	if sc, err = lab.HubRouted(sc); err != nil {
 		return err
 	}
-	plan, err := lab.NewPlan(sc)
+	plan, err := lab.NewPlan(sc, lay)
 	if err != nil {
 		return err
 	}
@@ -109,7 +133,9 @@ func run(scenario string, perRegion int, duration time.Duration, direct *bool, f
 	if err != nil {
 		return err
 	}
-	rep, err := lab.Run(ctx, lab.Config{Plan: plan, Root: root, Edgelimit: bin, NATSServer: natsBin,
+	redis, _ := exec.LookPath("redis-server") // Run says so when the layout needs it
+	rep, err := lab.Run(ctx, lab.Config{Plan: plan, Root: root, Edgelimit: bin, NATSServer: natsBin, RedisServer: redis,
+		Shapes: shapes, Consistency: consistency,
 		Dir: dir, Log: os.Stderr, Faults: faults, Prometheus: prom, AlertPhase: prom != ""})
 	if err != nil {
 		return fmt.Errorf("%w (logs in %s)", err, dir)
