@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -32,7 +33,7 @@ its region's NATS server. Prints one line per PoP:
   <region> <pop> <check URL> [<admin URL>]
 
 With --quotas postgres://…, every PoP follows the same PostgreSQL quota store
-(each region's PoPs read it directly; see README "Tenant quotas").
+(each region's PoPs read it directly; see docs/tenants.md).
 
 and stops everything cleanly on Ctrl-C.
 
@@ -66,6 +67,9 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	}
 	log, err := newLogger(stderr, *level, "text")
 	if err != nil {
+		return err
+	}
+	if err := checkPorts(*basePort, len(names)**perRegion); err != nil {
 		return err
 	}
 	self, err := os.Executable()
@@ -124,6 +128,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 		done chan error
 	}
 	var children []child
+	var lines []string // "<region> <pop> <check URL> [<admin URL>]", printed once every PoP is ready
 	port := *basePort
 	for _, r := range names {
 		for i := 1; i <= *perRegion; i++ {
@@ -153,16 +158,28 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 			c := child{cmd, make(chan error, 1)}
 			go func() { c.done <- cmd.Wait() }()
 			children = append(children, c)
-			fmt.Fprintf(stdout, "%s %s http://%s%s\n", r, pop, addr, adminURL)
+			lines = append(lines, fmt.Sprintf("%s %s http://%s%s", r, pop, addr, adminURL))
 		}
 	}
-	log.Info("demo running; Ctrl-C stops it")
-
+	exited := firstExit(children, func(c child) chan error { return c.done })
 	var firstErr error
-	select {
-	case <-ctx.Done():
-	case err := <-firstExit(children, func(c child) chan error { return c.done }):
-		firstErr = fmt.Errorf("a PoP exited: %v", err)
+	for _, l := range lines {
+		url := strings.Fields(l)[2]
+		if err := waitReadyz(ctx, url, exited, time.Minute); err != nil {
+			firstErr = err
+			break
+		}
+	}
+	if firstErr == nil && ctx.Err() == nil {
+		for _, l := range lines {
+			fmt.Fprintln(stdout, l)
+		}
+		log.Info("demo running; Ctrl-C stops it")
+		select {
+		case <-ctx.Done():
+		case err := <-exited:
+			firstErr = fmt.Errorf("a PoP exited: %v", err)
+		}
 	}
 	for _, c := range children {
 		_ = c.cmd.Process.Signal(syscall.SIGTERM)
@@ -177,6 +194,46 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	}
 	slog.Debug("demo stopped")
 	return firstErr
+}
+
+// checkPorts says which of the n loopback ports from base a PoP of the demo
+// could not listen on, and how to choose others, before anything starts.
+func checkPorts(base, n int) error {
+	for port := base; port < base+n; port++ {
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			return fmt.Errorf("the demo's PoPs listen on ports %d to %d, and port %d is taken (%v): "+
+				"choose free ones with --base-port, e.g. --base-port %d", base, base+n-1, port, err, base+1000)
+		}
+		ln.Close()
+	}
+	return nil
+}
+
+// waitReadyz waits until url's /readyz answers 200: a PoP that has loaded
+// its rules and restored its state. It gives up when a PoP exits, ctx ends,
+// or after patience.
+func waitReadyz(ctx context.Context, url string, exited <-chan error, patience time.Duration) error {
+	deadline := time.Now().Add(patience)
+	client := &http.Client{Timeout: time.Second}
+	for {
+		if resp, err := client.Get(url + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the PoP at %s was not ready after %v", url, patience)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-exited:
+			return fmt.Errorf("a PoP exited before it was ready: %v", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // freePort asks the kernel for a free loopback port.

@@ -4,15 +4,110 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
+	"regexp"
 	"sort"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
 
-// errUsage marks a flag error that has already been reported with usage.
+// errUsage marks a flag error that has already been reported.
 var errUsage = errors.New("usage")
+
+// usageError is a command line or setting a command refused before it ran:
+// an unknown flag, a flag without its value, a value that does not parse, a
+// stray argument. run prints it as one line, then one line pointing at the
+// command's --help, and exits 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+// helpRequest is -h or --help: run prints the command's usage to stdout and
+// exits 0. It is flag.ErrHelp to errors.Is.
+type helpRequest struct{ fs *flag.FlagSet }
+
+func (h *helpRequest) Error() string { return flag.ErrHelp.Error() }
+func (h *helpRequest) Unwrap() error { return flag.ErrHelp }
+
+// printUsage writes fs's usage to w.
+func printUsage(fs *flag.FlagSet, w io.Writer) {
+	fs.SetOutput(w)
+	if fs.Usage != nil {
+		fs.Usage()
+		return
+	}
+	fmt.Fprintf(w, "Usage of edgelimit %s:\n", fs.Name())
+	fs.PrintDefaults()
+}
+
+// parseArgs parses args into fs and prints nothing: a refused command line
+// comes back as a *usageError naming the flag and the form its value takes,
+// and -h or --help as a *helpRequest, for run to report.
+func parseArgs(fs *flag.FlagSet, args []string) error {
+	out, usage := fs.Output(), fs.Usage
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	fs.Usage = usage
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, flag.ErrHelp):
+		return &helpRequest{fs}
+	}
+	return &usageError{flagProblem(fs, err.Error())}
+}
+
+var (
+	flagUndefined = regexp.MustCompile(`^flag provided but not defined: -+(.*)$`)
+	flagNoValue   = regexp.MustCompile(`^flag needs an argument: -+(.*)$`)
+	flagBadValue  = regexp.MustCompile(`^invalid (?:boolean )?value ("(?:[^"\\]|\\.)*") for (?:flag )?-+([^:]+): (.*)$`)
+)
+
+// flagProblem rewrites a message of the flag package in the words of this
+// command's documentation: flags with two dashes, and a bad value with the
+// form the flag wants.
+func flagProblem(fs *flag.FlagSet, msg string) string {
+	if m := flagUndefined.FindStringSubmatch(msg); m != nil {
+		return "unknown flag --" + m[1]
+	}
+	if m := flagNoValue.FindStringSubmatch(msg); m != nil {
+		return "flag --" + m[1] + " needs a value"
+	}
+	if m := flagBadValue.FindStringSubmatch(msg); m != nil {
+		return fmt.Sprintf("invalid value %s for --%s: %s", m[1], m[2], wantOf(fs.Lookup(m[2]), m[3]))
+	}
+	return msg
+}
+
+// wantOf says what form f's value takes, for a flag of the standard kinds;
+// for another kind, problem is its own error, which says so.
+func wantOf(f *flag.Flag, problem string) string {
+	if f == nil {
+		return problem
+	}
+	g, ok := f.Value.(flag.Getter)
+	if !ok {
+		return problem
+	}
+	switch g.Get().(type) {
+	case time.Duration:
+		return "want a duration such as 500ms, 10s or 1m30s"
+	case bool:
+		return "want true or false"
+	case int, int64:
+		return "want a whole number"
+	case uint, uint64:
+		return "want a whole number, 0 or more"
+	case float64:
+		return "want a number"
+	}
+	return problem
+}
 
 // parseFlags parses args into fs, then fills every flag the command line did
 // not set from the environment (EDGELIMIT_<FLAG>, upper case, '-' as '_'), then
@@ -20,14 +115,11 @@ var errUsage = errors.New("usage")
 // The command line wins over the environment, which wins over the file. A bad
 // value anywhere is one error naming its source.
 func parseFlags(fs *flag.FlagSet, args []string, config *string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return errUsage
+	if err := parseArgs(fs, args); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q (flags only; see --help)", fs.Arg(0))
+		return &usageError{fmt.Sprintf("unexpected argument %q (flags only)", fs.Arg(0))}
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -37,7 +129,7 @@ func parseFlags(fs *flag.FlagSet, args []string, config *string) error {
 		env := "EDGELIMIT_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
 		if v, ok := os.LookupEnv(env); ok && !set[f.Name] && err == nil {
 			if e := fs.Set(f.Name, v); e != nil {
-				err = fmt.Errorf("environment %s=%q: %v", env, v, e)
+				err = &usageError{fmt.Sprintf("environment %s=%q: %s", env, v, wantOf(f, e.Error()))}
 			}
 			set[f.Name] = true
 		}
@@ -61,7 +153,7 @@ func parseFlags(fs *flag.FlagSet, args []string, config *string) error {
 	for _, k := range names {
 		n := values[k]
 		if fs.Lookup(k) == nil || k == "config" {
-			return fmt.Errorf("config file %s:%d: unknown setting %q (settings are the flag names of 'edgelimit %s --help')", *config, n.Line, k, fs.Name())
+			return &usageError{fmt.Sprintf("config file %s:%d: unknown setting %q (settings are the flag names)", *config, n.Line, k)}
 		}
 		if set[k] {
 			continue
@@ -75,7 +167,7 @@ func parseFlags(fs *flag.FlagSet, args []string, config *string) error {
 			v = strings.Join(items, ",")
 		}
 		if err := fs.Set(k, v); err != nil {
-			return fmt.Errorf("config file %s:%d: %s: %v", *config, n.Line, k, err)
+			return &usageError{fmt.Sprintf("config file %s:%d: %s: %s", *config, n.Line, k, wantOf(fs.Lookup(k), err.Error()))}
 		}
 	}
 	return nil

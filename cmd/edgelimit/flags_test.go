@@ -3,9 +3,14 @@ package main
 import (
 	"bytes"
 	"flag"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -161,5 +166,113 @@ func TestNatsDirectFlag(t *testing.T) {
 	direct, err := parseDirect(" us = nats://h1:4222, tls://h2:4222 ;ap=nats://h3:4222", replication.Topology{Regions: map[string][]string{"eu": {"a"}, "us": {"b"}, "ap": {"c"}}}, "eu")
 	if err != nil || len(direct) != 2 || direct["us"] != "nats://h1:4222,tls://h2:4222" || direct["ap"] != "nats://h3:4222" {
 		t.Errorf("parseDirect: %v, %v", direct, err)
+	}
+}
+
+// A command line the binary refuses is one line naming the flag and the form
+// its value takes, and one line pointing at the command's --help — not the
+// whole usage — with exit status 2.
+func TestFlagRefusalIsOneLineAndAHint(t *testing.T) {
+	scenario := filepath.Join("..", "..", "simulate", "scenarios", "spray.yaml")
+	for _, c := range []struct {
+		args []string
+		env  [2]string
+		want string
+	}{
+		{args: []string{"pop", "--nope"}, want: "edgelimit pop: unknown flag --nope"},
+		{args: []string{"pop", "--flush-interval", "soon"}, want: `edgelimit pop: invalid value "soon" for --flush-interval: want a duration such as 500ms, 10s or 1m30s`},
+		{args: []string{"pop", "--max-keys", "many"}, want: `edgelimit pop: invalid value "many" for --max-keys: want a whole number`},
+		{args: []string{"pop", "--listen"}, want: "edgelimit pop: flag --listen needs a value"},
+		{args: []string{"pop", "stray"}, want: `edgelimit pop: unexpected argument "stray" (flags only)`},
+		{args: []string{"pop"}, env: [2]string{"EDGELIMIT_FLUSH_INTERVAL", "soon"},
+			want: `edgelimit pop: environment EDGELIMIT_FLUSH_INTERVAL="soon": want a duration such as 500ms, 10s or 1m30s`},
+		{args: []string{"sim", "--seed", "x", scenario}, want: `edgelimit sim: invalid value "x" for --seed: want a whole number, 0 or more`},
+		{args: []string{"sim"}, want: "edgelimit sim: want one scenario file, got 0 arguments"},
+		{args: []string{"demo", "--pops", "two"}, want: `edgelimit demo: invalid value "two" for --pops: want a whole number`},
+		{args: []string{"load", "--nope"}, want: "edgelimit load: unknown flag --nope"},
+		{args: []string{"version", "extra"}, want: `edgelimit version: unexpected argument "extra" (flags only)`},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			if c.env[0] != "" {
+				t.Setenv(c.env[0], c.env[1])
+			}
+			var out, errb bytes.Buffer
+			code := run(c.args, &out, &errb)
+			lines := strings.Split(strings.TrimSuffix(errb.String(), "\n"), "\n")
+			hint := "run 'edgelimit " + c.args[0] + " --help' for its flags"
+			if code != 2 || out.Len() != 0 || len(lines) != 2 || lines[0] != c.want || lines[1] != hint {
+				t.Fatalf("exit %d, stdout %q, stderr:\n%s\nwant exit 2, no stdout, and the two lines:\n%s\n%s", code, out.String(), errb.String(), c.want, hint)
+			}
+		})
+	}
+}
+
+// Help is asked for, so it goes to stdout and exits 0, for every command and
+// for 'edgelimit help <command>'.
+func TestHelpGoesToStdout(t *testing.T) {
+	for _, args := range [][]string{
+		{"pop", "--help"}, {"help", "pop"}, {"pop", "-h"}, {"sim", "--help"}, {"help", "sim"}, {"demo", "--help"},
+		{"load", "--help"}, {"probe", "--help"}, {"natsconf", "--help"}, {"baseline", "--help"}, {"version", "--help"},
+		{"help"},
+	} {
+		var out, errb bytes.Buffer
+		if code := run(args, &out, &errb); code != 0 || errb.Len() != 0 || !strings.Contains(strings.ToLower(out.String()), "usage") {
+			t.Errorf("%v: exit %d, stderr %q, stdout %.80q; want exit 0 and the usage on stdout alone", args, code, errb.String(), out.String())
+		}
+	}
+	var out, errb bytes.Buffer
+	run([]string{"pop", "--help"}, &out, &errb)
+	if !strings.Contains(out.String(), "-flush-interval duration") {
+		t.Errorf("pop --help does not list the flags:\n%s", out.String())
+	}
+}
+
+func TestVersion(t *testing.T) {
+	settings := func(kv ...string) []debug.BuildSetting {
+		var s []debug.BuildSetting
+		for i := 0; i < len(kv); i += 2 {
+			s = append(s, debug.BuildSetting{Key: kv[i], Value: kv[i+1]})
+		}
+		return s
+	}
+	for _, c := range []struct {
+		name string
+		info *debug.BuildInfo
+		want string
+	}{
+		{"release", &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Version: "v1.2.3"},
+			Settings: settings("vcs.revision", "59decc8a", "vcs.time", "2026-11-27T21:00:00Z", "vcs.modified", "false")},
+			"edgelimit v1.2.3 commit 59decc8a of 2026-11-27T21:00:00Z, go1.26.8"},
+		{"checkout with changes", &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Version: "(devel)"},
+			Settings: settings("vcs.revision", "59decc8a", "vcs.modified", "true")},
+			"edgelimit (devel) commit 59decc8a (modified), go1.26.8"},
+		{"no vcs", &debug.BuildInfo{GoVersion: "go1.26.8"},
+			"edgelimit (devel) (no commit recorded: built outside a git checkout, or with -buildvcs=false), go1.26.8"},
+		{"no build info", nil, "edgelimit (unknown version: built without module information)"},
+	} {
+		if got := versionLine(c.info); got != c.want {
+			t.Errorf("%s: %q, want %q", c.name, got, c.want)
+		}
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"version"}, &out, &errb); code != 0 || !strings.HasPrefix(out.String(), "edgelimit ") || !strings.Contains(out.String(), runtime.Version()) {
+		t.Errorf("edgelimit version: exit %d, stdout %q, stderr %q", code, out.String(), errb.String())
+	}
+}
+
+// A demo whose ports are taken says so, and how to choose others, before it
+// starts anything or prints a URL.
+func TestDemoBusyPort(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	var out, errb bytes.Buffer
+	code := run([]string{"demo", "--regions", "eu", "--pops", "1", "--base-port", strconv.Itoa(port), "--data", t.TempDir()}, &out, &errb)
+	if code != 1 || out.Len() != 0 || !strings.Contains(errb.String(), fmt.Sprintf("port %d is taken", port)) ||
+		!strings.Contains(errb.String(), "--base-port") || strings.Count(errb.String(), "\n") != 1 {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1, no URL, and one line naming the port and --base-port", code, out.String(), errb.String())
 	}
 }

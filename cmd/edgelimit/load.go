@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -78,14 +77,11 @@ func runLoad(args []string, stdout io.Writer) error {
 	fs.BoolVar(&cfg.RawGRPC, "grpc-raw", false, "with --grpc: write pre-rendered gRPC messages as HTTP/2 frames on raw connections instead of using grpc-go's\nclient, which costs about as much CPU as the server it measures")
 	fs.StringVar(&reqOut, "write-grpc-request", "", "write one hot-key ShouldRateLimit request of --domain and --key, as a gRPC message (5-byte prefix and\nthe RateLimitRequest), to `file` and exit: the body for a generic HTTP/2 generator (h2load -d; see docs/load.md)")
 	fs.BoolVar(&asJSON, "json", false, "print the report as JSON instead of a table")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	if err := parseArgs(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("load: unexpected arguments %q", fs.Args())
+		return &usageError{fmt.Sprintf("unexpected arguments %q (flags only)", fs.Args())}
 	}
 	d, err := loadgen.ParseDistribution(dist)
 	if err != nil {

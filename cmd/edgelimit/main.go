@@ -25,6 +25,7 @@ Usage:
                            write one NATS nkey per PoP and the servers' permission blocks
   edgelimit baseline [--listen ADDR]
                            serve a trivial HTTP handler: the machine's ceiling for 'load'
+  edgelimit version         print the version and the commit it was built from
   edgelimit help [command] show help
 
 Run 'edgelimit <command> --help' for a command's flags.
@@ -55,6 +56,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runNatsconf(rest, stdout, stderr)
 	case "baseline":
 		err = runBaseline(rest, stderr)
+	case "version":
+		err = runVersion(rest, stdout)
 	case "help", "-h", "--help":
 		if len(rest) > 0 {
 			return run([]string{rest[0], "--help"}, stdout, stderr)
@@ -65,9 +68,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "edgelimit: unknown command %q\n\n%s", cmd, usage)
 		return 2
 	}
+	var help *helpRequest
+	var bad *usageError
 	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
+	case err == nil:
 		return 0
+	case errors.As(err, &help):
+		printUsage(help.fs, stdout)
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &bad):
+		fmt.Fprintf(stderr, "edgelimit %s: %s\nrun 'edgelimit %s --help' for its flags\n", args[0], bad.msg, args[0])
+		return 2
 	case errors.Is(err, errUsage):
 		return 2
 	}

@@ -48,14 +48,11 @@ func runSimTo(args []string, stdout, stderr io.Writer, tty bool) error {
 		fmt.Fprint(fs.Output(), simUsage)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return errUsage
+	if err := parseArgs(fs, args); err != nil {
+		return err
 	}
 	if fs.NArg() != 1 {
-		return fmt.Errorf("want one scenario file, got %d arguments (see --help)", fs.NArg())
+		return &usageError{fmt.Sprintf("want one scenario file, got %d arguments", fs.NArg())}
 	}
 	sc, err := simulate.LoadScenario(fs.Arg(0))
 	if err != nil {
