@@ -40,6 +40,7 @@ var (
 //	'o' window(8) key                             -> own count, uvarint
 //	'r' window(8) len(replica)(1) replica key     -> remote count, uvarint
 //	's' key                                       -> saved state: expiry(8) then the store's bytes (states.go)
+//	'l' id(16)                                    -> a concurrency lease's slots and expiries (leases.go)
 //
 // window(8) is the window as big-endian uint64 with the sign bit flipped, so
 // byte order is numeric order, negative windows included. Count values are
@@ -487,6 +488,13 @@ func (d *DB) load(it *pebble.Iterator) (own, remote []crdt.Slot, streamSeq uint6
 	nOwn := 0
 	for valid := it.First(); valid; valid = it.Next() {
 		k := it.Key()
+		if len(k) > 0 && k[0] == tagLease {
+			// Leases are LoadLeases'; skip them all at once.
+			if valid = it.SeekGE([]byte{tagLease + 1}); !valid {
+				break
+			}
+			k = it.Key()
+		}
 		if len(k) > 0 && k[0] == tagState {
 			// Saved states are LoadStates'; skip them all at once.
 			if valid = it.SeekGE([]byte{tagState + 1}); !valid {

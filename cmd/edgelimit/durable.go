@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/node"
 	"github.com/edgelimit/edgelimit/pop/rules"
 	"github.com/edgelimit/edgelimit/replication"
@@ -75,8 +76,21 @@ func (d *durable) hook(ctx context.Context, h node.DurableHooks) (func() error, 
 		d.release()
 		return nil, nil, err
 	}
+	leases := h.Store.Leases()
+	held, _, err := db.LoadLeases(start.UnixNano(), func(id []byte, keys [][]byte, exps []int64) {
+		lid := limit.LeaseID(id)
+		for i, k := range keys {
+			leases.RestoreLease(start.UnixNano(), lid, limit.SlotKey(k), exps[i])
+		}
+	})
+	if err != nil {
+		d.release()
+		return nil, nil, err
+	}
+	journal := &leaseJournal{db: db, log: d.log}
+	leases.SetJournal(journal)
 	d.log.Info("durable state restored", "dir", filepath.Join(d.dir, "state"), "keys", loaded, "expired", expired,
-		"took", time.Since(start).Round(time.Millisecond).String())
+		"leases", held, "took", time.Since(start).Round(time.Millisecond).String())
 	k := replication.NewKeeper(replication.KeeperConfig{
 		DB: db,
 		TakeStates: func() ([]replication.StateRecord, []string) {
@@ -93,8 +107,28 @@ func (d *durable) hook(ctx context.Context, h node.DurableHooks) (func() error, 
 		Logger:       d.log,
 	})
 	registerDurable(h.Registerer, db, k)
+	h.Registerer.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "edgelimit_lease_journal_failures_total",
+		Help: "Concurrency lease grants the data directory could not save (a full disk): each was held in memory only, and a crash forgets it.",
+	}, func() float64 { return float64(leases.JournalErrors()) }))
 	run := func() error {
 		defer d.release()
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() { // leases never released expire; their records go too
+			t := time.NewTicker(time.Minute)
+			defer t.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case now := <-t.C:
+					if _, err := db.DropExpiredLeases(now.UnixNano()); err != nil {
+						d.log.Warn("durable state: drop expired leases", "err", err)
+					}
+				}
+			}
+		}()
 		return k.Run(ctx)
 	}
 	return run, k.Ready, nil
@@ -119,4 +153,43 @@ func registerDurable(reg prometheus.Registerer, db *replication.DB, k *replicati
 			Name: "edgelimit_durable_disk_bytes", Help: "Bytes the data directory's Pebble store uses on disk.",
 		}, func() float64 { return float64(db.Stats().DiskBytes) }),
 	)
+}
+
+// leaseJournal is the embedded store's store.LeaseJournal in the data
+// directory: a grant is synced before it is answered (see store.LeaseJournal
+// for why), a release is deleted unsynced.
+type leaseJournal struct {
+	db  *replication.DB
+	log *slog.Logger
+
+	mu       sync.Mutex
+	failing  bool      // the last save failed; requires mu
+	loggedAt time.Time // when a failure was last logged; requires mu
+}
+
+func (j *leaseJournal) SaveLease(id limit.LeaseID, keys []limit.SlotKey, exps []int64) error {
+	ks := make([][]byte, len(keys))
+	for i := range keys {
+		ks[i] = keys[i][:]
+	}
+	err := j.db.SaveLease(id[:], ks, exps)
+	j.note(err)
+	return err
+}
+
+func (j *leaseJournal) ForgetLease(id limit.LeaseID) { j.db.ForgetLease(id[:]) }
+
+// note logs the first failure of a run of failures, once a minute while it
+// lasts, and the recovery.
+func (j *leaseJournal) note(err error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	switch {
+	case err != nil && (!j.failing || time.Since(j.loggedAt) >= time.Minute):
+		j.failing, j.loggedAt = true, time.Now()
+		j.log.Error("durable state: concurrency leases are not being saved; they are held in memory only, and a crash forgets them", "err", err)
+	case err == nil && j.failing:
+		j.failing = false
+		j.log.Info("durable state: concurrency leases are saved again")
+	}
 }

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"github.com/edgelimit/edgelimit/pop/limit"
 )
@@ -29,12 +30,84 @@ const sweepEvery = 4096
 // Every sweepEvery acquisitions all sets are swept of expired leases and
 // sets left empty are dropped, so memory follows the leases held (and the
 // keys of the last sweepEvery acquisitions), not every key seen.
+//
+// With a journal (SetJournal) the leases survive a crash: every grant is on
+// disk before AcquireAt answers, and a restarted PoP restores them
+// (RestoreLease) before it serves, so it never has more slots in flight than
+// a limit's maximum. Without one, a restart forgets the slots its clients
+// still hold.
+//
 // The zero value is not usable; call NewLeases. A Leases is safe for
 // concurrent use.
 type Leases struct {
 	mu       sync.Mutex
 	sets     map[limit.SlotKey]*slotSet
 	acquired int // since the last sweep
+
+	journal       LeaseJournal // nil: leases live in memory only
+	journalErrors atomic.Uint64
+}
+
+// LeaseJournal keeps a Leases' grants on disk (cmd/edgelimit wires it to the
+// PoP's Pebble directory; store does not import replication).
+//
+// Why a grant is written before it is answered, rather than a restarted PoP
+// refusing every grant for one lease TTL: a crash is then invisible to the
+// clients of concurrency limits — the slots held are known, releases of
+// leases granted before the crash free them, and a PoP that crashes in a loop
+// does not deny every concurrency-limited request for a TTL after each start;
+// a clean restart (a deploy) needs nothing either. The price is one synced
+// write per grant, which Pebble groups across concurrent grants: a grant
+// waits on the disk as a Redis store's grant waits on Redis, and checks
+// without concurrency limits never do.
+type LeaseJournal interface {
+	// SaveLease durably records that lease id holds a slot of each of keys
+	// until the matching expiry of exps (ns); AcquireAt calls it after
+	// taking the slots and before answering. On an error (a full disk) the
+	// grant stands, held in memory only, and is counted (JournalErrors).
+	SaveLease(id limit.LeaseID, keys []limit.SlotKey, exps []int64) error
+	// ForgetLease records that lease id was released. It need not be
+	// durable: a release lost in a crash keeps its slots taken after the
+	// restart until the lease's expiry (a denial too many, never a slot
+	// too many).
+	ForgetLease(id limit.LeaseID)
+}
+
+// SetJournal makes l write every grant to j before answering it, and every
+// release after. Call it, and RestoreLease, before l serves.
+func (l *Leases) SetJournal(j LeaseJournal) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.journal = j
+}
+
+// JournalErrors returns how many grants the journal failed to save (each
+// held in memory only).
+func (l *Leases) JournalErrors() uint64 { return l.journalErrors.Load() }
+
+// RestoreLease puts back lease id's slot in key's set until exp (ns), as
+// saved by a journal before a restart; a slot expired at now is skipped (it
+// reports false). A set may hold more leases after a restore than a limit
+// now allows (the limit was lowered): acquisitions wait until enough expire
+// or are released.
+func (l *Leases) RestoreLease(now int64, id limit.LeaseID, key limit.SlotKey, exp int64) bool {
+	if exp <= now {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	set := l.sets[key]
+	if set == nil {
+		set = &slotSet{live: make(map[limit.LeaseID]int64, 4)}
+		l.sets[key] = set
+	}
+	set.live[id] = exp
+	// Keep the queue in expiry order: saved leases come back in id order.
+	set.queue = append(set.queue, queued{exp, id})
+	for i := len(set.queue) - 1; i > set.head && set.queue[i-1].exp > exp; i-- {
+		set.queue[i], set.queue[i-1] = set.queue[i-1], set.queue[i]
+	}
+	return true
 }
 
 // slotSet is one key's leases.
@@ -58,9 +131,28 @@ func NewLeases() *Leases {
 // a free slot, takes one in each for id, until now + the item's TTL. It
 // writes one decision per item to out and reports whether the slots were
 // taken. It never fails; the error is for the interface Redis shares.
+//
+// With a journal, the grant is saved before AcquireAt returns (outside the
+// lock: concurrent grants share the disk's syncs).
 func (l *Leases) AcquireAt(_ context.Context, now int64, id limit.LeaseID, items []limit.SlotItem, out []limit.SlotDecision) (bool, error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	ok := l.acquire(now, id, items, out)
+	j := l.journal
+	l.mu.Unlock()
+	if ok && j != nil {
+		keys, exps := make([]limit.SlotKey, len(items)), make([]int64, len(items))
+		for i := range items {
+			keys[i], exps[i] = items[i].Key, now+items[i].TTL
+		}
+		if err := j.SaveLease(id, keys, exps); err != nil {
+			l.journalErrors.Add(1)
+		}
+	}
+	return ok, nil
+}
+
+// acquire is AcquireAt's decision and grant; requires l.mu held.
+func (l *Leases) acquire(now int64, id limit.LeaseID, items []limit.SlotItem, out []limit.SlotDecision) bool {
 	ok := true
 	for i := range items {
 		var n, oldest int64
@@ -71,7 +163,7 @@ func (l *Leases) AcquireAt(_ context.Context, now int64, id limit.LeaseID, items
 		ok = ok && out[i].Allowed
 	}
 	if !ok {
-		return false, nil
+		return false
 	}
 	for i := range items {
 		it := &items[i]
@@ -88,7 +180,7 @@ func (l *Leases) AcquireAt(_ context.Context, now int64, id limit.LeaseID, items
 	if l.acquired++; l.acquired >= sweepEvery {
 		l.sweep(now)
 	}
-	return true, nil
+	return true
 }
 
 // ReleaseAt frees lease's slot in each of its sets: limit.Released when any
@@ -96,7 +188,17 @@ func (l *Leases) AcquireAt(_ context.Context, now int64, id limit.LeaseID, items
 // limit.Unknown when none held it. It never fails.
 func (l *Leases) ReleaseAt(_ context.Context, now int64, lease limit.Lease) (limit.ReleaseState, error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	state := l.release(now, lease)
+	j := l.journal
+	l.mu.Unlock()
+	if j != nil && state != limit.Unknown {
+		j.ForgetLease(lease.ID)
+	}
+	return state, nil
+}
+
+// release is ReleaseAt's work; requires l.mu held.
+func (l *Leases) release(now int64, lease limit.Lease) limit.ReleaseState {
 	state := limit.Unknown
 	for _, k := range lease.Keys {
 		set := l.sets[k]
@@ -122,7 +224,7 @@ func (l *Leases) ReleaseAt(_ context.Context, now int64, lease limit.Lease) (lim
 			state = state.Join(limit.Expired)
 		}
 	}
-	return state, nil
+	return state
 }
 
 // InFlightAt returns how many live leases key's set holds at now.

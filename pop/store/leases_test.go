@@ -304,3 +304,40 @@ func TestRedisLeasesSkewedClocks(t *testing.T) {
 		t.Fatalf("retry after %v, want about the 2s TTL on the shared clock", r)
 	}
 }
+
+// Leases restored after a restart, in any order, hold their slots: a set full
+// of restored leases refuses until the earliest expires, a release of one
+// frees its slot, and expired ones are not restored.
+func TestLeasesRestore(t *testing.T) {
+	l := NewLeases()
+	k := slotKey("restored")
+	exps := []int64{t0 + 30e9, t0 + 10e9, t0 + 20e9}
+	for i, exp := range exps {
+		if !l.RestoreLease(t0, leaseID(byte(i+1)), k, exp) {
+			t.Fatalf("RestoreLease of a live lease (until %d) reported false", exp)
+		}
+	}
+	if l.RestoreLease(t0, leaseID(9), k, t0) {
+		t.Fatal("RestoreLease of a lease expired at now reported true")
+	}
+	it := []limit.SlotItem{{Key: k, Max: 3, TTL: int64(time.Minute)}}
+	out := make([]limit.SlotDecision, 1)
+	ok, _ := l.AcquireAt(context.Background(), t0, leaseID(10), it, out)
+	if ok || out[0].InFlight != 3 || out[0].RetryAfter != 10e9 {
+		t.Fatalf("acquire on 3 restored of 3: %v %+v; want refused, 3 in flight, retry in 10 s (the earliest expiry)", ok, out[0])
+	}
+	// The earliest expires: exactly one slot comes back.
+	if ok, _ := l.AcquireAt(context.Background(), t0+10e9, leaseID(11), it, out); !ok {
+		t.Fatalf("acquire after the earliest restored lease expired: %+v", out[0])
+	}
+	if ok, _ := l.AcquireAt(context.Background(), t0+10e9, leaseID(12), it, out); ok {
+		t.Fatalf("second acquire after one expiry admitted: %+v", out[0])
+	}
+	st, _ := l.ReleaseAt(context.Background(), t0+11e9, limit.Lease{ID: leaseID(1), Keys: []limit.SlotKey{k}})
+	if st != limit.Released {
+		t.Fatalf("release of a restored lease: %v, want released", st)
+	}
+	if ok, _ := l.AcquireAt(context.Background(), t0+11e9, leaseID(13), it, out); !ok {
+		t.Fatalf("acquire after a restored lease was released: %+v", out[0])
+	}
+}

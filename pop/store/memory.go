@@ -108,6 +108,7 @@ type Memory struct {
 	onSettled func(limit.Scope, float64)
 	durable   bool
 	changes   [shardCount]changeLog // see durable.go; changes[i] requires shards[i].mu
+	leases    *Leases               // the concurrency leases a PoP on this store holds (Leases)
 
 	clock atomic.Int64 // correction of the wall clock for Apply, ns
 
@@ -134,7 +135,7 @@ func NewMemory(cfg MemoryConfig) *Memory {
 	if maxKeys <= 0 {
 		maxKeys = DefaultMaxKeys
 	}
-	s := &Memory{seed: maphash.MakeSeed(), perShard: max(maxKeys/shardCount, 1), urgent: make(chan struct{}, 1), durable: cfg.Durable}
+	s := &Memory{seed: maphash.MakeSeed(), perShard: max(maxKeys/shardCount, 1), urgent: make(chan struct{}, 1), durable: cfg.Durable, leases: NewLeases()}
 	switch {
 	case cfg.Primary != nil:
 		s.rep = cfg.Primary.est
@@ -313,3 +314,8 @@ func sortedUnique(out []int) []int {
 	}
 	return u
 }
+
+// Leases returns the store's concurrency leases: where a PoP on the embedded
+// store holds them, and where its durable state restores them after a
+// restart (LeaseJournal). A PoP on Redis holds its leases in Redis instead.
+func (s *Memory) Leases() *Leases { return s.leases }
