@@ -53,6 +53,16 @@ func TestLedgerBounds(t *testing.T) {
 	if u := led.Classes[1]; u.Under != 1 || math.Abs(u.MaxUnderPct-100.0/3) > 1e-9 || led.Classes[0].Under != 0 {
 		t.Errorf("under: global %d (max %.1f%%), pop %d; want 1 (33.3%%), 0", u.Under, u.MaxUnderPct, led.Classes[0].Under)
 	}
+	// Short: global offered 6, admitted 4 of 3: none; eu-2's pop window
+	// offered 4, admitted 4: none; a pop entity offered 2 and admitted 1
+	// is 1 short (33%).
+	if led.Classes[1].MaxShortPct != 0 || led.Classes[0].MaxShortPct != 0 {
+		t.Errorf("short: global %.1f%%, pop %.1f%%; want 0, 0", led.Classes[1].MaxShortPct, led.Classes[0].MaxShortPct)
+	}
+	sh := Check(classes, Topology, []Decision{begin, admit(2, 0, 1), {Send: at(2), Recv: at(2) + 1, PoP: 2, Class: 0}}, nil, testBounds, 0)
+	if math.Abs(sh.Classes[0].MaxShortPct-100.0/3) > 1e-9 || sh.Classes[0].Under != 1 {
+		t.Errorf("us-1 offered 2 on a pop limit of 3, 1 admitted: short %.1f%%, under %d; want 33.3%%, 1", sh.Classes[0].MaxShortPct, sh.Classes[0].Under)
+	}
 	// The same decisions with the load begun mid-window: a cold start, not checked.
 	if led := Check(classes, Topology, ds[1:], faults, testBounds, 0); len(led.Violations) != 0 || led.WarmUp != 3 {
 		t.Errorf("load begun mid-window: violations %d, warm-up %d; want 0, 3", len(led.Violations), led.WarmUp)
