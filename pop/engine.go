@@ -219,8 +219,11 @@ type Engine struct {
 	share   atomic.Uint64   // math.Float64bits of the global share; 0 bits = 1.0
 	// countDenied: pop-scope limits count denied hits (SetCountDenied).
 	countDenied atomic.Bool
-	clock       atomic.Int64 // correction of the wall clock, ns (SetClockOffset)
-	scratch     sync.Pool
+	// shadow answers OK what a limit denies (SetShadowMode); quotaAll
+	// holds every descriptor to its quotas (SetQuotaMode).
+	shadow, quotaAll atomic.Bool
+	clock            atomic.Int64 // correction of the wall clock, ns (SetClockOffset)
+	scratch          sync.Pool
 }
 
 // SetClockOffset makes Check decide at the wall clock plus d: the correction
@@ -310,6 +313,9 @@ type scratch struct {
 	// countRepeated).
 	dups    []occurrence
 	recount []int
+	// quotaPass: a descriptor that matched no limit holds the request
+	// within its quotas (SetQuotaMode).
+	quotaPass bool
 	// slot* hold the request's concurrency limits (concurrency.go).
 	slots        []limit.SlotItem
 	slotOut      []limit.SlotDecision
@@ -337,6 +343,15 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 
 // check is CheckAt, with the request's concurrency limits when leases.
 func (e *Engine) check(ctx context.Context, now time.Time, req *Request, res *Result, leases bool) error {
+	err := e.decideRequest(ctx, now, req, res, leases)
+	if err == nil && res.Code == OverLimit && e.shadow.Load() {
+		e.shadowAnswer(res)
+	}
+	return err
+}
+
+// decideRequest is check before shadow mode.
+func (e *Engine) decideRequest(ctx context.Context, now time.Time, req *Request, res *Result, leases bool) error {
 	if err := req.Validate(); err != nil {
 		return err
 	}
@@ -360,6 +375,7 @@ func (e *Engine) check(ctx context.Context, now time.Time, req *Request, res *Re
 	s.keys, s.ends, s.items, s.limits, s.owner = s.keys[:0], s.ends[:0], s.items[:0], s.limits[:0], s.owner[:0]
 	s.hits, s.override = s.hits[:0], s.override[:0]
 	s.dups, s.recount = s.dups[:0], s.recount[:0]
+	s.quotaPass = false
 	replaced := e.replaced(dom, req, s)
 	s.slots, s.slotLimits, s.slotOwner = s.slots[:0], s.slotLimits[:0], s.slotOwner[:0]
 
@@ -448,6 +464,9 @@ func (e *Engine) check(ctx context.Context, now time.Time, req *Request, res *Re
 	switch {
 	case n == 0:
 	case quotaMode:
+		if e.quotaAll.Load() {
+			s.quotaPass = s.unmatched(res)
+		}
 		admitted, err = e.decideQuotaMode(ctx, s, nowNs)
 	default:
 		admitted, err = e.decide(ctx, s, nowNs)

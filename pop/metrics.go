@@ -22,6 +22,7 @@ type Metrics struct {
 	rulesLoaded    prometheus.Gauge
 	reloadFailing  prometheus.Gauge
 	badRequests    *prometheus.CounterVec
+	shadowed       prometheus.Counter
 	// observers holds latency's child per API, resolved once: a label lookup
 	// per request costs more than the observation.
 	observers map[string]prometheus.Observer
@@ -82,7 +83,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Requests rejected with 400, by API.",
 		}, []string{"api"}),
 	}
-	reg.MustRegister(m.decisions, m.unknownDomains, m.storeErrors, m.latency, m.reloads, m.rulesLoaded, m.reloadFailing, m.badRequests)
+	m.shadowed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "edgelimit_shadow_mode_answers_total",
+		Help: "Requests a limit denied that were answered OK because the PoP runs in shadow mode (--shadow-mode, Envoy's ratelimit's SHADOW_MODE).",
+	})
+	reg.MustRegister(m.decisions, m.unknownDomains, m.storeErrors, m.latency, m.reloads, m.rulesLoaded, m.reloadFailing, m.badRequests, m.shadowed)
 	// Both results exist from the start at 0, so that the first failed reload
 	// is an increase from 0 that increase() and rate() see, not the birth of
 	// a series they ignore.
@@ -191,6 +196,12 @@ func (m *Metrics) mitigatedDecision(l *rules.Limit) {
 		if c := (*by)[l]; c != nil {
 			c.mitigated.Inc()
 		}
+	}
+}
+
+func (m *Metrics) shadowAnswer() {
+	if m != nil {
+		m.shadowed.Inc()
 	}
 }
 

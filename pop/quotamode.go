@@ -64,6 +64,9 @@ func (e *Engine) decideQuotaMode(ctx context.Context, s *scratch, nowNs int64) (
 // allQuotaOver reports whether every descriptor that matched a quota-mode
 // limit has one whose decision in s.out denies.
 func (s *scratch) allQuotaOver() bool {
+	if s.quotaPass {
+		return false
+	}
 	any := false
 	for i, l := range s.limits {
 		if !l.QuotaMode {

@@ -14,8 +14,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/edgelimit/edgelimit/pop"
 	"github.com/edgelimit/edgelimit/pop/grpcapi"
 	"github.com/edgelimit/edgelimit/pop/httpapi"
+	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/node"
 	"github.com/edgelimit/edgelimit/pop/quota"
 	"github.com/edgelimit/edgelimit/pop/store"
@@ -58,15 +60,29 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 		mitigationsEndpoint bool
 		minFreeMiB          int64
 		grpcMaxStreams      uint
+
+		envoyCompat      bool
+		defaultAlgorithm string
+		headers          string
+		envoyNames       [3]string
 	)
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8080", "address of the HTTP API")
 	fs.StringVar(&cfg.GRPCListen, "grpc-listen", "", "`address` of Envoy's gRPC rate limit service (envoy.service.ratelimit.v3) and the gRPC health service (off when empty)")
 	fs.UintVar(&grpcMaxStreams, "grpc-max-streams", grpcapi.DefaultMaxStreams, "streams a gRPC connection may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS)")
 	fs.IntVar(&cfg.GRPCMaxConns, "grpc-max-conns", grpcapi.DefaultMaxConns, "gRPC connections open at once; one past it is closed at once (--read-timeout and\n--max-body-memory-mib bound gRPC requests too)")
 	fs.Var(&rules, "rules", "rule `files or directories` (comma-separated or repeated); YAML in Envoy ratelimit's format")
-	fs.DurationVar(&cfg.RulesInterval, "rules-interval", time.Second, "how often to check the rule files for changes")
+	fs.DurationVar(&cfg.RulesInterval, "rules-interval", time.Second, "how often to read the rule files in full, a backstop: their metadata (size, modification time)\nis looked at every 50ms, and a change there reloads them at once")
 	fs.BoolVar(&cfg.CountDeniedHits, "count-denied-hits", false, "pop-scope limits count the hits of denied requests too, as Envoy's ratelimit does (a client that\nkeeps sending stays over); by default a denied request spends no quota")
 	fs.BoolVar(&cfg.MergeDomains, "merge-domains", false, "let several rule files define one domain and join their descriptors (Envoy ratelimit's\nMERGE_DOMAIN_CONFIG); without it a domain defined twice is an error")
+	fs.BoolVar(&envoyCompat, "envoy-compat", false, "answer as Envoy's ratelimit does (docs/envoy-parity.md): fixed_window as the default algorithm, denied hits\ncounted, no rate limit headers unless LIMIT_RESPONSE_HEADERS_ENABLED, empty rule sets accepted, gRPC's Unknown for a\nbad request; and read the peer's LIMIT_RESPONSE_HEADERS_ENABLED, LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER,\nLIMIT_RESET_HEADER, SHADOW_MODE, QUOTA_MODE, RESPONSE_DYNAMIC_METADATA, MERGE_DOMAIN_CONFIG and\nSTOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT. Flags set explicitly win")
+	fs.StringVar(&defaultAlgorithm, "default-algorithm", "sliding_window", "`algorithm` of the limits whose rules name none: sliding_window, fixed_window, token_bucket, gcra or sliding_log")
+	fs.StringVar(&headers, "headers", "edgelimit", "rate limit `fields` of responses, HTTP and gRPC: a comma-separated list of x-ratelimit (X-RateLimit-Limit,\n-Remaining, -Reset), ietf (RateLimit-Policy, RateLimit), retry-after, envoy (Envoy's ratelimit's RateLimit-Limit,\n-Remaining, -Reset in seconds), edgelimit (the first three), or none")
+	fs.StringVar(&envoyNames[0], "envoy-header-limit", pop.DefaultEnvoyHeaderNames[0], "name of the envoy set's limit field (LIMIT_LIMIT_HEADER)")
+	fs.StringVar(&envoyNames[1], "envoy-header-remaining", pop.DefaultEnvoyHeaderNames[1], "name of the envoy set's remaining field (LIMIT_REMAINING_HEADER)")
+	fs.StringVar(&envoyNames[2], "envoy-header-reset", pop.DefaultEnvoyHeaderNames[2], "name of the envoy set's reset field, seconds until the window resets (LIMIT_RESET_HEADER)")
+	fs.BoolVar(&cfg.ShadowMode, "shadow-mode", false, "answer OK to every request a limit denies, with the statuses still OVER_LIMIT, counted in\nedgelimit_shadow_mode_answers_total (Envoy's ratelimit's SHADOW_MODE)")
+	fs.BoolVar(&cfg.QuotaMode, "quota-mode", false, "every limit in quota mode: a request is over only when all its descriptors are (QUOTA_MODE)")
+	fs.BoolVar(&cfg.DynamicMetadata, "response-dynamic-metadata", false, "return the domain, the descriptors and the rules' metadata in gRPC responses' dynamic_metadata\n(RESPONSE_DYNAMIC_METADATA)")
 	fs.BoolVar(&cfg.AllowEmptyRules, "allow-empty-rules", false, "accept a rule set without limits (it admits every request); without it, an empty rule set\nfails to start and a reload to one fails and keeps the last good rules")
 	fs.StringVar(&cfg.DataDir, "data", "./data", "data `directory` for the PoP's durable state (created if missing)")
 	fs.Int64Var(&minFreeMiB, "data-min-free-mib", replication.DefaultMinFree>>20, "free space (MiB) the PoP leaves on the --data disk: below it, it stops saving, keeps deciding\nfrom memory, fails /readyz, and saves again once this plus a 16 MiB ballast are free")
@@ -127,6 +143,26 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args, &config); err != nil {
 		return err
 	}
+	ignoredEnv, err := applyEnvoyProfile(fs, envoyCompat)
+	if err != nil {
+		return err
+	}
+	cfg.EnvoyCompat = envoyCompat
+	if cfg.DefaultAlgorithm, err = limit.ParseAlgorithm(defaultAlgorithm); err != nil {
+		return fmt.Errorf("--default-algorithm: %v", err)
+	}
+	set, err := pop.ParseHeaderSet(headers)
+	if err != nil {
+		return fmt.Errorf("--headers: %v", err)
+	}
+	for i, n := range []string{"envoy-header-limit", "envoy-header-remaining", "envoy-header-reset"} {
+		if err := headerName(n, envoyNames[i]); err != nil {
+			return err
+		}
+	}
+	if set != pop.DefaultHeaders {
+		cfg.Headers = &pop.Headers{Set: set, EnvoyNames: envoyNames}
+	}
 	cfg.Rules = rules.values
 	switch {
 	case cfg.TopKeys < 0:
@@ -178,6 +214,9 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	cfg.Logger = log
+	if len(ignoredEnv) > 0 {
+		log.Warn("Envoy's ratelimit's settings are in the environment but read only with --envoy-compat (or set the flags they mean)", "variables", strings.Join(ignoredEnv, ","))
+	}
 	switch {
 	case repl.flush <= 0:
 		return fmt.Errorf("--flush-interval must be > 0, got %v", repl.flush)

@@ -89,6 +89,19 @@ type Config struct {
 	// Options are extra grpc.ServerOptions (TLS credentials); they come
 	// after the Server's own, so they may override its limits.
 	Options []grpc.ServerOption
+	// Headers selects the rate limit fields of response_headers_to_add;
+	// nil means pop.DefaultHeaders.
+	Headers *pop.Headers
+	// DynamicMetadata puts the request's domain and descriptors, and the
+	// metadata of the limits of the descriptors within them, in the
+	// response's dynamic_metadata, as Envoy's ratelimit's
+	// RESPONSE_DYNAMIC_METADATA does (see dynamicMetadata).
+	DynamicMetadata bool
+	// EnvoyCompat answers as Envoy's ratelimit where edgelimit otherwise
+	// differs on purpose: a malformed request fails with codes.Unknown (not
+	// InvalidArgument), and /json keeps response_headers_to_add in its body
+	// (not as HTTP headers).
+	EnvoyCompat bool
 }
 
 // Server serves the rate limit and health services. Its health starts
@@ -216,7 +229,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest
 	defer s.states.Put(st)
 	if err := st.decode(in); err != nil {
 		s.cfg.Metrics.BadRequest("grpc")
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		return nil, status.Error(s.cfg.badRequestCode(), err.Error())
 	}
 	now := s.cfg.Now()
 	err := s.cfg.Engine.CheckAt(ctx, now, &st.req, &st.res)
@@ -224,7 +237,16 @@ func (s *Server) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest
 	if err != nil {
 		return nil, s.checkFailed(ctx, err)
 	}
-	return response(now, &st.res), nil
+	return s.cfg.response(now, in, &st.res), nil
+}
+
+// badRequestCode is the code of a malformed request's error: Envoy's
+// ratelimit fails one with a plain error, which gRPC reports as Unknown.
+func (c *Config) badRequestCode() codes.Code {
+	if c.EnvoyCompat {
+		return codes.Unknown
+	}
+	return codes.InvalidArgument
 }
 
 // checkFailed maps the engine's error to a gRPC status.
@@ -233,7 +255,7 @@ func (s *Server) checkFailed(ctx context.Context, err error) error {
 	switch {
 	case errors.As(err, &re):
 		s.cfg.Metrics.BadRequest("grpc")
-		return status.Error(codes.InvalidArgument, re.Error())
+		return status.Error(s.cfg.badRequestCode(), re.Error())
 	case ctx.Err() != nil:
 		return status.FromContextError(ctx.Err()).Err()
 	}
@@ -337,23 +359,33 @@ var units = [...]rlsv3.RateLimitResponse_RateLimit_Unit{
 
 var codesOf = [...]rlsv3.RateLimitResponse_Code{pop.OK: rlsv3.RateLimitResponse_OK, pop.OverLimit: rlsv3.RateLimitResponse_OVER_LIMIT}
 
-// reply is the memory of one response. The messages of a single-descriptor
+// replyMemory is the memory of one response. The messages of a single-descriptor
 // answer, the common case, are its fields, so that a response is one
 // allocation rather than one per message (a dozen with the headers).
-type reply struct {
+type replyMemory struct {
 	resp     rlsv3.RateLimitResponse
 	status   [1]rlsv3.RateLimitResponse_DescriptorStatus
 	statusp  [1]*rlsv3.RateLimitResponse_DescriptorStatus
 	limit    [1]rlsv3.RateLimitResponse_RateLimit
 	reset    [1]durationpb.Duration
-	headers  [len(pop.HeaderNames)]corev3.HeaderValue
-	headerps [len(pop.HeaderNames)]*corev3.HeaderValue
+	headers  [len(pop.HeaderNames) + 3]corev3.HeaderValue
+	headerps [len(pop.HeaderNames) + 3]*corev3.HeaderValue
 }
 
-// response renders res, decided at now, as Envoy's RateLimitResponse: what
-// /v1/check answers, field for field.
-func response(now time.Time, res *pop.Result) *rlsv3.RateLimitResponse {
-	r := new(reply)
+// response renders res, the decision at now of in, as Envoy's
+// RateLimitResponse: what /v1/check answers, field for field, with the
+// headers and dynamic metadata c selects.
+func (c *Config) response(now time.Time, in *rlsv3.RateLimitRequest, res *pop.Result) *rlsv3.RateLimitResponse {
+	r := reply(now, res, c.Headers)
+	if c.DynamicMetadata {
+		r.DynamicMetadata = dynamicMetadata(in, res)
+	}
+	return r
+}
+
+// reply renders res, decided at now, with the rate limit fields of headers.
+func reply(now time.Time, res *pop.Result, headers *pop.Headers) *rlsv3.RateLimitResponse {
+	r := new(replyMemory)
 	n := len(res.Statuses)
 	statuses, ptrs, limits, resets := r.status[:], r.statusp[:], r.limit[:], r.reset[:]
 	if n > len(statuses) {
@@ -384,6 +416,19 @@ func response(now time.Time, res *pop.Result) *rlsv3.RateLimitResponse {
 			ds.LimitRemaining = math.MaxUint32 // as Envoy's ratelimit reports an unlimited descriptor
 		}
 		ptrs[i] = ds
+	}
+	if !headers.Default() {
+		var buf [len(r.headers)]pop.Field
+		fields := headers.AppendFields(buf[:0], now, res)
+		if len(fields) > 0 {
+			out.ResponseHeadersToAdd = r.headerps[:len(fields)]
+		}
+		for i, f := range fields {
+			h := &r.headers[i]
+			h.Key, h.Value = f.Name, f.Value
+			out.ResponseHeadersToAdd[i] = h
+		}
+		return out
 	}
 	if vals := pop.HeaderValues(now, res); len(vals) > 0 {
 		out.ResponseHeadersToAdd = r.headerps[:len(vals)]

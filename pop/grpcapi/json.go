@@ -24,12 +24,16 @@ const maxJSONBody = 64 << 10
 // maps a request. Unknown fields are an error. The HTTP API uses it for the
 // bodies its plain decoder refuses.
 func DecodeJSON(body []byte) (*pop.Request, error) {
-	var in rlsv3.RateLimitRequest
-	if err := protojson.Unmarshal(body, &in); err != nil {
+	return decodeJSON(body, new(rlsv3.RateLimitRequest))
+}
+
+// decodeJSON is DecodeJSON, decoding the message into in.
+func decodeJSON(body []byte, in *rlsv3.RateLimitRequest) (*pop.Request, error) {
+	if err := protojson.Unmarshal(body, in); err != nil {
 		return nil, err
 	}
 	st := new(state)
-	if err := st.decode(&in); err != nil {
+	if err := st.decode(in); err != nil {
 		return nil, err
 	}
 	return &st.req, nil
@@ -72,7 +76,8 @@ func (h *JSONHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		jsonError(w, http.StatusBadRequest, "BAD_REQUEST", "reading the body: "+err.Error())
 		return
 	}
-	req, err := DecodeJSON(body)
+	var in rlsv3.RateLimitRequest
+	req, err := decodeJSON(body, &in)
 	if err != nil {
 		h.cfg.Metrics.BadRequest("json")
 		jsonError(w, http.StatusBadRequest, "BAD_REQUEST", err.Error())
@@ -94,11 +99,13 @@ func (h *JSONHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	resp := response(now, &res)
-	for _, hv := range resp.ResponseHeadersToAdd {
-		w.Header()[hv.Key] = []string{hv.Value}
+	resp := h.cfg.response(now, &in, &res)
+	if !h.cfg.EnvoyCompat {
+		for _, hv := range resp.ResponseHeadersToAdd {
+			w.Header()[hv.Key] = []string{hv.Value}
+		}
+		resp.ResponseHeadersToAdd = nil
 	}
-	resp.ResponseHeadersToAdd = nil
 	out, err := protojson.Marshal(resp)
 	if err != nil { // a message we built: cannot fail
 		jsonError(w, http.StatusInternalServerError, "INTERNAL", err.Error())

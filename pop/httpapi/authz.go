@@ -73,7 +73,7 @@ func (s *Server) handleAuthz(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	setHeaders(w.Header(), now, &st.res)
+	s.setHeaders(w.Header(), now, &st.res)
 	if st.res.Code != pop.OverLimit {
 		w.WriteHeader(http.StatusOK)
 		return

@@ -104,7 +104,10 @@ type Config struct {
 	// mapping (grpcapi.DecodeJSON); /v1/check tries it on a body its own
 	// decoder refuses, so both snake_case and camelCase requests work.
 	DecodeProto func(body []byte) (*pop.Request, error)
-	Logger      *slog.Logger
+	// Headers selects the rate limit fields of check and forward-auth
+	// responses; nil means pop.DefaultHeaders.
+	Headers *pop.Headers
+	Logger  *slog.Logger
 	// Now reads the clock; nil means time.Now. The simulator and tests set it.
 	Now func() time.Time
 }
@@ -281,7 +284,7 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		s.checkFailed(w, "check", err)
 		return
 	}
-	setHeaders(w.Header(), now, &st.res)
+	s.setHeaders(w.Header(), now, &st.res)
 	setLease(w.Header(), &st.res)
 	st.out = appendResult(st.out[:0], &st.res)
 	status := http.StatusOK
@@ -576,8 +579,16 @@ func (s *Server) checkFailed(w http.ResponseWriter, api string, err error) {
 // seconds rounds d up to whole seconds, as headers carry them.
 func seconds(d time.Duration) int64 { return pop.Seconds(d) }
 
-// setHeaders writes the rate limit fields of res to h (pop.HeaderValues).
-func setHeaders(h http.Header, now time.Time, res *pop.Result) {
+// setHeaders writes the rate limit fields of res that Config.Headers
+// selects to h (pop.HeaderValues, by default).
+func (s *Server) setHeaders(h http.Header, now time.Time, res *pop.Result) {
+	if !s.cfg.Headers.Default() {
+		var buf [len(pop.HeaderNames) + 3]pop.Field
+		for _, f := range s.cfg.Headers.AppendFields(buf[:0], now, res) {
+			h.Set(f.Name, f.Value)
+		}
+		return
+	}
 	vals := pop.HeaderValues(now, res)
 	for i := range vals {
 		h[pop.HeaderNames[i]] = vals[i : i+1 : i+1]

@@ -57,6 +57,24 @@ type Config struct {
 	// CountDeniedHits makes pop-scope limits count denied hits, as Envoy's
 	// ratelimit does (pop.Engine.SetCountDenied).
 	CountDeniedHits bool
+	// DefaultAlgorithm counts the limits whose rules name no algorithm
+	// (rules.Options.DefaultAlgorithm; the zero value is sliding_window).
+	DefaultAlgorithm limit.Algorithm
+	// QuotaMode puts every limit in quota mode, as Envoy's ratelimit's
+	// QUOTA_MODE (rules.Options.QuotaMode, pop.Engine.SetQuotaMode).
+	QuotaMode bool
+	// ShadowMode answers OK what a limit denies, counting and reporting it,
+	// as Envoy's ratelimit's SHADOW_MODE (pop.Engine.SetShadowMode).
+	ShadowMode bool
+	// Headers selects the rate limit fields of responses, over HTTP and
+	// gRPC; nil means pop.DefaultHeaders.
+	Headers *pop.Headers
+	// DynamicMetadata returns the request and the rules' metadata in gRPC
+	// responses' dynamic_metadata (grpcapi.Config.DynamicMetadata).
+	DynamicMetadata bool
+	// EnvoyCompat answers malformed gRPC requests and /json as Envoy's
+	// ratelimit does (grpcapi.Config.EnvoyCompat).
+	EnvoyCompat bool
 	// DataDir holds the PoP's durable state; it is created if missing.
 	DataDir string
 	// Store is "embedded" or a Redis URL (redis://, rediss://, or a
@@ -222,7 +240,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if len(cfg.Rules) == 0 {
 		return errors.New("no rule files: give --rules a file or a directory (see deploy/examples/rules.yaml)")
 	}
-	set, warns, err := rules.LoadWith(rules.Options{MergeDomains: cfg.MergeDomains}, cfg.Rules...)
+	ruleOpts := rules.Options{MergeDomains: cfg.MergeDomains, DefaultAlgorithm: cfg.DefaultAlgorithm, QuotaMode: cfg.QuotaMode}
+	set, warns, err := rules.LoadWith(ruleOpts, cfg.Rules...)
 	if err != nil {
 		return fmt.Errorf("rules: %w", err)
 	}
@@ -288,6 +307,8 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	eng := pop.NewEngine(st, set, metrics)
 	eng.SetCountDenied(cfg.CountDeniedHits)
+	eng.SetQuotaMode(cfg.QuotaMode)
+	eng.SetShadowMode(cfg.ShadowMode)
 	var top *topkeys.Sketch
 	if cfg.TopKeys > 0 {
 		top = topkeys.New(cfg.TopKeys)
@@ -377,7 +398,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// they changed since the load above) and swaps them in.
 	watcher := rules.NewWatcher(cfg.Rules, cfg.RulesInterval, log)
 	watcher.AllowEmpty = cfg.AllowEmptyRules
-	watcher.Options.MergeDomains = cfg.MergeDomains
+	watcher.Options = ruleOpts
 	watcher.Check = cfg.checkStore
 	go watcher.Run(ctx,
 		func(s *rules.Set, warns []rules.Warning) {
@@ -405,11 +426,13 @@ func Run(ctx context.Context, cfg Config) error {
 		ClientIPHeader:  cfg.ClientIPHeader,
 		HideMitigations: cfg.HideMitigations,
 		DecodeProto:     grpcapi.DecodeJSON,
+		Headers:         cfg.Headers,
 		Logger:          log,
 	})
 	// /json beside /v1/check: Envoy's ratelimit's own JSON endpoint.
 	mux := http.NewServeMux()
-	mux.Handle("/json", grpcapi.NewJSONHandler(grpcapi.Config{Engine: eng, Metrics: metrics, Logger: log}))
+	mux.Handle("/json", grpcapi.NewJSONHandler(grpcapi.Config{Engine: eng, Metrics: metrics, Logger: log,
+		Headers: cfg.Headers, DynamicMetadata: cfg.DynamicMetadata, EnvoyCompat: cfg.EnvoyCompat}))
 	mux.Handle("/", api)
 	readTimeout := cfg.ReadTimeout
 	if readTimeout <= 0 {
@@ -436,6 +459,7 @@ func Run(ctx context.Context, cfg Config) error {
 		gsrv = grpcapi.New(grpcapi.Config{
 			Engine: eng, Metrics: metrics, Requests: grpcapi.NewRequestCounter(reg), Logger: log,
 			MaxStreams: cfg.GRPCMaxStreams, MaxConns: cfg.GRPCMaxConns, ReadTimeout: readTimeout, ReceiveMemory: cfg.MaxBodyMemory,
+			Headers: cfg.Headers, DynamicMetadata: cfg.DynamicMetadata, EnvoyCompat: cfg.EnvoyCompat,
 		})
 		// The rules loaded before serving; the health service follows the
 		// store's readiness, as /readyz does.

@@ -1,0 +1,169 @@
+package pop
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgelimit/edgelimit/pop/rules"
+	"github.com/edgelimit/edgelimit/pop/store"
+)
+
+// profileEngine loads text with opts into an engine on the embedded store.
+func profileEngine(t *testing.T, opts rules.Options, text string, m *Metrics) *Engine {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	set, _, err := rules.LoadWith(opts, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NewEngine(store.NewMemory(store.MemoryConfig{}), set, m)
+}
+
+const oneAMinute = `domain: api
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: q
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`
+
+// Shadow mode (SHADOW_MODE): a request a limit denies is answered OK, its
+// status still OVER_LIMIT, and the answer is counted; off, it is denied.
+func TestShadowMode(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e := profileEngine(t, rules.Options{}, oneAMinute, NewMetrics(reg))
+	ctx := context.Background()
+	r := req(1, []string{"k", "a"})
+	var res Result
+	if err := e.CheckAt(ctx, t0, r, &res); err != nil || res.Code != OK {
+		t.Fatalf("1st: %v %+v", err, res)
+	}
+	if err := e.CheckAt(ctx, t0, r, &res); err != nil || res.Code != OverLimit {
+		t.Fatalf("2nd, shadow mode off: %v %+v, want OVER_LIMIT", err, res)
+	}
+	e.SetShadowMode(true)
+	if err := e.CheckAt(ctx, t0, r, &res); err != nil || res.Code != OK || res.Statuses[0].Code != OverLimit {
+		t.Fatalf("3rd, shadow mode on: %v %+v, want OK with the status OVER_LIMIT", err, res)
+	}
+	m, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := -1.0
+	for _, f := range m {
+		if f.GetName() == "edgelimit_shadow_mode_answers_total" {
+			n = f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	if n != 1 {
+		t.Errorf("edgelimit_shadow_mode_answers_total = %v, want 1", n)
+	}
+}
+
+// Quota mode for every limit (QUOTA_MODE): a request is over only when
+// every descriptor is over a limit, so one that matches no limit keeps it
+// within its quotas, as Envoy's ratelimit counts such a descriptor as a
+// quota descriptor that passed.
+func TestQuotaModeEverywhere(t *testing.T) {
+	e := profileEngine(t, rules.Options{QuotaMode: true}, oneAMinute, nil)
+	e.SetQuotaMode(true)
+	ctx := context.Background()
+	var res Result
+	both := req(1, []string{"k", "a"}, []string{"q", "a"})
+	if err := e.CheckAt(ctx, t0, both, &res); err != nil || res.Code != OK {
+		t.Fatalf("1st: %v %+v", err, res)
+	}
+	withOther := req(1, []string{"k", "a"}, []string{"nothing", "a"})
+	if err := e.CheckAt(ctx, t0, withOther, &res); err != nil || res.Code != OK || res.Statuses[0].Code != OverLimit {
+		t.Fatalf("k over beside a descriptor that matches nothing: %v %+v, want OK with k OVER_LIMIT", err, res)
+	}
+	if err := e.CheckAt(ctx, t0, both, &res); err != nil || res.Code != OverLimit {
+		t.Fatalf("both over: %v %+v, want OVER_LIMIT", err, res)
+	}
+}
+
+// The header sets: ParseHeaderSet reads the groups, and the envoy set
+// reports the descriptor with the least remaining, or the last one over its
+// limit, under the configured names, with the reset in seconds.
+func TestHeaderSets(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want HeaderSet
+		err  string
+	}{
+		{"edgelimit", DefaultHeaders, ""},
+		{"none", 0, ""},
+		{"envoy", HeadersEnvoy, ""},
+		{"x-ratelimit, retry-after", HeadersXRateLimit | HeadersRetryAfter, ""},
+		{"ietf,envoy", HeadersIETF | HeadersEnvoy, ""},
+		{"none,envoy", 0, "cannot be combined"},
+		{"x-rate", 0, `unknown header group "x-rate"`},
+		{"", 0, "no header groups"},
+	} {
+		got, err := ParseHeaderSet(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("ParseHeaderSet(%q) = %v, %v; want an error with %q", tc.in, got, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("ParseHeaderSet(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+
+	e := profileEngine(t, rules.Options{}, `domain: api
+descriptors:
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: fixed_window}
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: fixed_window}
+`, nil)
+	ctx := context.Background()
+	var res Result
+	r := req(1, []string{"a", "x"}, []string{"b", "x"})
+	if err := e.CheckAt(ctx, t0, r, &res); err != nil {
+		t.Fatal(err)
+	}
+	h := &Headers{Set: HeadersEnvoy, EnvoyNames: [3]string{"", "X-Left", ""}}
+	got := h.AppendFields(nil, t0, &res)
+	reset := Seconds(res.Statuses[1].Reset)
+	want := []Field{{"RateLimit-Limit", "3"}, {"X-Left", "2"}, {"RateLimit-Reset", strconv.FormatInt(reset, 10)}}
+	if len(got) != 3 || got[0] != want[0] || got[1] != want[1] || got[2] != want[2] {
+		t.Fatalf("envoy fields %v, want %v (b has the least remaining)", got, want)
+	}
+	if reset < 1 || reset > 60 {
+		t.Errorf("reset %d s, want seconds until the minute ends", reset)
+	}
+	// b spent: the request is denied, and b is the one over.
+	for range 2 {
+		_ = e.CheckAt(ctx, t0, req(1, []string{"b", "x"}), &res)
+	}
+	if err := e.CheckAt(ctx, t0, r, &res); err != nil || res.Code != OverLimit {
+		t.Fatalf("%v %+v", err, res)
+	}
+	if got := h.AppendFields(nil, t0, &res); len(got) != 3 || got[0].Value != "3" || got[1].Value != "0" {
+		t.Fatalf("envoy fields %v, want b's limit 3 and remaining 0", got)
+	}
+	// The default set is HeaderValues' fields, in order; none is none.
+	def := (*Headers)(nil).AppendFields(nil, t0, &res)
+	vals := HeaderValues(t0, &res)
+	if len(def) != len(vals) {
+		t.Fatalf("default fields %v, want HeaderValues' %v", def, vals)
+	}
+	if got := (&Headers{}).AppendFields(nil, t0, &res); len(got) != 0 {
+		t.Fatalf("no set: %v, want none", got)
+	}
+	if got := (&Headers{Set: HeadersRetryAfter}).AppendFields(nil, t0, &res); len(got) != 1 || got[0].Name != "Retry-After" {
+		t.Fatalf("retry-after alone: %v", got)
+	}
+}
