@@ -160,13 +160,14 @@ func isEscrow(sl *crdt.Slot) bool { return escrow.IsSlot(*sl) || escrow.IsNews(*
 // clock; 0 for restored ones), to the ledgers of their keys' scopes, news
 // last, and returns the ordinary slots (slots itself when it
 // holds no escrow slot, so that a store without bounded limits allocates
-// nothing). Items or news a ledger refuses are counted in refused.
-func (b *bounded) apply(slots []crdt.Slot, sent int64) []crdt.Slot {
+// nothing), and whether a ledger wants an early flush (escrow.Ledger.Wanted).
+// Items or news a ledger refuses are counted in refused.
+func (b *bounded) apply(slots []crdt.Slot, sent int64) (rest []crdt.Slot, wanted bool) {
 	first := slices.IndexFunc(slots, func(sl crdt.Slot) bool { return isEscrow(&sl) })
 	if first < 0 {
-		return slots
+		return slots, false
 	}
-	rest := slices.Clone(slots[:first])
+	rest = slices.Clone(slots[:first])
 	var region, global []escrow.Item
 	var news []escrow.News
 	for i := first; i < len(slots); i++ {
@@ -206,6 +207,9 @@ func (b *bounded) apply(slots []crdt.Slot, sent int64) []crdt.Slot {
 	}
 	join(b.region, region)
 	join(b.global, global)
+	// Both: each call also clears its ledger's signal.
+	wr, wg := b.region.Wanted(), b.global.Wanted()
+	wanted = wr || wg
 	for _, n := range news {
 		// A PoP of another region is no replica of the region ledger.
 		_ = b.region.Heard(n)
@@ -213,5 +217,5 @@ func (b *bounded) apply(slots []crdt.Slot, sent int64) []crdt.Slot {
 			b.refused++
 		}
 	}
-	return rest
+	return rest, wanted
 }

@@ -1155,7 +1155,9 @@ func (s *Memory) admitted() {
 
 // Urgent returns a channel that receives (without blocking a check, so
 // several admissions may make one receive) after a check admitted a hit of a
-// region or global limit: news the other PoPs need before the next flush.
+// region or global limit, or decided a bounded one, and after another PoP
+// was heard short of bounded allowance this one can give
+// (escrow.Ledger.Wanted): news the other PoPs need before the next flush.
 // Replication publishes the delta at once, at most once per its bits
 // interval (replication.UrgentNotifier). Publishing every admission within
 // 10 ms rather than 100 ms measured best at world scale, for about 2% more
@@ -1355,7 +1357,7 @@ func (r *replicated) hot(slots []crdt.Slot) []crdt.Slot {
 func (s *Memory) Restore(own []crdt.Slot) {
 	if s.rep != nil && s.rep.esc != nil {
 		s.rep.mu.Lock()
-		own = s.rep.esc.apply(own, 0) // a ledger joins its own counters as any
+		own, _ = s.rep.esc.apply(own, 0) // a ledger joins its own counters as any
 		s.rep.mu.Unlock()
 	}
 	s.route(own, func(u *unitCounts, sl []crdt.Slot) { u.own.Restore(sl...) }, true)
@@ -1400,7 +1402,10 @@ func (s *Memory) ApplyAt(now, sent int64, remote []crdt.Slot) {
 	// are together, never new counts with an old age or the reverse.
 	s.rep.mu.Lock()
 	if s.rep.esc != nil {
-		remote = s.rep.esc.apply(remote, sent)
+		var wanted bool
+		if remote, wanted = s.rep.esc.apply(remote, sent); wanted {
+			s.admitted() // a starved PoP asked for allowance this one can give: flush now
+		}
 	}
 	if s.onMiss != nil {
 		misses = s.rep.misses(remote, now, sent)

@@ -93,6 +93,7 @@ type Ledger struct {
 	horizon int64 // the newest instant passed to Prune
 	pruned  bool  // Prune was called
 	acting  bool  // Decide or Rebalance ran; the own bases are set
+	wanted  bool  // see Wanted
 
 	// scratch for Rebalance, len N each
 	demand, target, deficit []uint64
@@ -563,6 +564,9 @@ func (l *Ledger) join(it Item) error {
 	case Requested:
 		if it.Value > e.req[o] && o != l.self {
 			l.active[e.key] = e.spec // another replica's demand: targets move
+			if it.Value > e.count[o] && l.spare(e) > l.band {
+				l.wanted = true
+			}
 		}
 		e.req[o] = max(e.req[o], it.Value)
 	case Give:
@@ -572,6 +576,24 @@ func (l *Ledger) join(it Item) error {
 		l.raiseGive(e, o, to, it.ToIncarnation, it.Value)
 	}
 	return nil
+}
+
+// spare is what this replica holds of e's window beyond what its admissions
+// use as a fixed window counts them, in units: an estimate, for Wanted.
+func (l *Ledger) spare(e *entry) uint64 {
+	return subSat(l.held(e), mulDivCeil(l.ownUsed(e), l.scale, uint64(e.spec.Limit)))
+}
+
+// Wanted reports whether, since the last call, another replica was heard
+// asking for more of a key than it admitted — it denied hits — while this
+// replica held allowance of it to spare: a Rebalance now would likely give.
+// A driver that can flush early (a store's urgent signal) does so, so that
+// allowance reaches a starved replica in one message's delay rather than a
+// flush interval's. It only steers timing; no decision depends on it.
+func (l *Ledger) Wanted() bool {
+	w := l.wanted
+	l.wanted = false
+	return w
 }
 
 // given returns give(from→to@toInc) of e as heard.

@@ -116,3 +116,34 @@ func TestRequestCountsNothing(t *testing.T) {
 		t.Fatalf("counted %v", items)
 	}
 }
+
+// Wanted says so once when a replica that denied hits (it asked for more
+// than it admitted) is heard by one holding allowance to spare; not for
+// demand that was served, nor by a replica with nothing to spare.
+func TestWanted(t *testing.T) {
+	spec := Spec{Limit: L100, Window: sec} // each holds a third
+	a, b, c := trio(t, 0)
+	if ok, _ := b.Decide(t1, "k", spec, 20); !ok { // served: within b's third
+		t.Fatal("b denied 20 of its 33")
+	}
+	send(t, t1, b, a)
+	if a.Wanted() {
+		t.Fatal("a wanted to give for demand b served itself")
+	}
+	if ok, _ := b.Decide(t1, "k", spec, 20); ok { // 40 > 33: denied, R 40 > C 20
+		t.Fatal("b admitted 40 of its 33")
+	}
+	if ok, _ := c.Decide(t1, "k", spec, 33); !ok { // c spends its whole third
+		t.Fatal("c denied its own third")
+	}
+	send(t, t1, b, a, c)
+	if !a.Wanted() {
+		t.Fatal("a, holding a third unused, did not want to give to b, which denied")
+	}
+	if a.Wanted() {
+		t.Fatal("Wanted said so twice for one hearing")
+	}
+	if c.Wanted() {
+		t.Fatal("c, with nothing to spare, wanted to give")
+	}
+}
