@@ -32,11 +32,15 @@ import (
 // permissions: the embedded server (ServerConfig.Users) and the generated
 // nats-server configuration (edgelimit natsconf) both use it.
 //
-// What it still allows, and why: creating and updating the region's own
-// stream (a PoP creates it on first start, StreamConfig), which also lets a
-// PoP's credential change that stream's configuration; the receiver's bounds
-// are the defence there. Operators who create the streams themselves can
-// drop $JS.API.STREAM.CREATE and .UPDATE from the generated blocks.
+// A PoP administers nothing: it may create its region's stream when it is
+// missing ($JS.API.STREAM.CREATE, which never changes an existing stream)
+// and read its configuration, and create the ephemeral consumers it reads
+// with, but not update, purge or delete a stream. Changing a stream is an
+// operator's credential's job (AdminPermissions), or the embedded server's
+// own in-process connection's (ServerConfig.Admin): a PoP's credential could
+// otherwise transform another PoP's subject into its own, or switch its
+// region's replication off. Every PoP also checks its stream's configuration
+// and does not consume one it does not expect (Replicator.StreamErr).
 func Permissions(region, pop string) (publish, subscribe []string) {
 	stream := StreamName(region)
 	publish = []string{
@@ -48,7 +52,6 @@ func Permissions(region, pop string) (publish, subscribe []string) {
 		"$JS.API.INFO",
 		"$JS.API.STREAM.INFO." + stream,
 		"$JS.API.STREAM.CREATE." + stream,
-		"$JS.API.STREAM.UPDATE." + stream,
 		"$JS.API.CONSUMER.CREATE." + stream + ".>",
 		"$JS.API.CONSUMER.INFO." + stream + ".>",
 		"$JS.API.CONSUMER.DELETE." + stream + ".>",
@@ -65,8 +68,27 @@ func Permissions(region, pop string) (publish, subscribe []string) {
 	return publish, subscribe
 }
 
+// AdminPermissions returns the subjects an operator credential (edgelimit
+// natsconf's admin.nk) may publish to: the JetStream API, to create and
+// update every region's stream, and the replies it reads. It publishes no
+// PoP's subjects.
+func AdminPermissions() (publish, subscribe []string) {
+	return []string{"$JS.API.>"}, []string{"_INBOX.>"}
+}
+
+// The names an authorized-keys file gives the two credentials that are not a
+// PoP's (a PoP's name never starts with '_'): the operator's, which
+// administers the streams (AdminPermissions), and the leaf links', which
+// one region's NATS server logs in with at the hub's leaf listener and
+// which relays every subject of the deployment between the regions.
+const (
+	AdminUser = "_admin"
+	LeafUser  = "_leaf"
+)
+
 // PoPKey is a PoP's NATS nkey: its public half, which a server lets log in
-// with the PoP's Permissions.
+// with the PoP's Permissions. POP AdminUser or LeafUser (Region "") is the
+// operator's or the leaf links' key.
 type PoPKey struct {
 	Region, POP string
 	// PublicKey is the nkey's public user key ("U...").
@@ -76,7 +98,8 @@ type PoPKey struct {
 // ReadAuthorizedKeys reads an authorized-keys file as edgelimit natsconf
 // writes it: one "<pop> <public user nkey>" per line, '#' starts a comment.
 // Every PoP must be in t (which gives its region), at most once, with a valid
-// public user key.
+// public user key; AdminUser and LeafUser lines name the operator's and the
+// leaf links' keys.
 func ReadAuthorizedKeys(path string, t Topology) ([]PoPKey, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -97,7 +120,9 @@ func ReadAuthorizedKeys(path string, t Topology) ([]PoPKey, error) {
 		}
 		pop, key := fields[0], fields[1]
 		region := t.RegionOf(pop)
-		if region == "" {
+		if pop == AdminUser || pop == LeafUser {
+			region = ""
+		} else if region == "" {
 			return nil, fmt.Errorf("replication: %s:%d: PoP %q is not in the topology", path, n, pop)
 		}
 		if seen[pop] {
@@ -119,11 +144,21 @@ func ReadAuthorizedKeys(path string, t Topology) ([]PoPKey, error) {
 }
 
 // nkeyUsers returns the server's users for keys, each with its PoP's
-// Permissions.
+// Permissions; the admin with AdminPermissions, and the leaf links' key
+// without restriction (a leaf link relays every subject).
 func nkeyUsers(keys []PoPKey) []*server.NkeyUser {
 	out := make([]*server.NkeyUser, 0, len(keys))
 	for _, k := range keys {
-		pub, sub := Permissions(k.Region, k.POP)
+		var pub, sub []string
+		switch k.POP {
+		case LeafUser:
+			out = append(out, &server.NkeyUser{Nkey: k.PublicKey})
+			continue
+		case AdminUser:
+			pub, sub = AdminPermissions()
+		default:
+			pub, sub = Permissions(k.Region, k.POP)
+		}
 		out = append(out, &server.NkeyUser{Nkey: k.PublicKey, Permissions: &server.Permissions{
 			Publish:   &server.SubjectPermission{Allow: pub},
 			Subscribe: &server.SubjectPermission{Allow: sub},

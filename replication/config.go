@@ -25,6 +25,15 @@ type Config struct {
 	// Conn is the connection to this region's NATS servers (the embedded
 	// server, or an external cluster). The Replicator does not close it.
 	Conn *nats.Conn
+	// Admin, when set, is a connection allowed to administer the region's
+	// stream ($JS.API.STREAM.CREATE and .UPDATE): the Replicator creates
+	// the stream through it, and brings it back to StreamConfig whenever it
+	// finds it otherwise. A PoP with an embedded NATS server passes an
+	// in-process connection of its own (ServerConfig.Admin). Without it the
+	// Replicator uses Conn, whose credential may create the stream but not
+	// change it (Permissions): it creates the stream when missing, and
+	// otherwise only checks it (StreamErr). The Replicator does not close it.
+	Admin *nats.Conn
 	// Direct holds, by region, connections to other regions' NATS servers
 	// (edgelimit pop --nats-direct). On each the Replicator takes that
 	// region's hot slots (HotCounts) and bits straight off their subjects,
@@ -74,6 +83,11 @@ type Config struct {
 	// MaxAge is how long the region's stream keeps messages; default two
 	// minutes (batches for windows older than the previous one are useless).
 	MaxAge time.Duration
+	// MaxBytes caps the region's stream: past it JetStream discards the
+	// oldest messages, so publishes keep succeeding however much is
+	// published. 0 leaves the stream unbounded in size (JetStream's store
+	// limit then refuses publishes once it is reached, JetStreamFull).
+	MaxBytes int64
 	// Storage is the stream's storage; default jetstream.FileStorage.
 	Storage jetstream.StorageType
 	// Replicas is the stream's replication factor inside the region's
@@ -189,6 +203,9 @@ func New(cfg Config) (*Replicator, error) {
 			*d.v = d.def
 		}
 	}
+	if cfg.MaxBytes < 0 {
+		return nil, fmt.Errorf("replication: negative MaxBytes %d in config", cfg.MaxBytes)
+	}
 	if cfg.Replicas <= 0 {
 		cfg.Replicas = 1
 	}
@@ -223,10 +240,17 @@ func New(cfg Config) (*Replicator, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replication: JetStream context: %w", err)
 	}
+	var admin jetstream.JetStream
+	if cfg.Admin != nil {
+		if admin, err = jetstream.New(cfg.Admin); err != nil {
+			return nil, fmt.Errorf("replication: JetStream context of the admin connection: %w", err)
+		}
+	}
 	return &Replicator{
 		cfg:    cfg,
 		log:    log.With("region", cfg.Region, "pop", cfg.POP),
 		js:     js,
+		admin:  admin,
 		stream: StreamName(cfg.Region),
 		limit:  logLimiter{interval: time.Second},
 		core:   c,

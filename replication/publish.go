@@ -334,12 +334,14 @@ func (r *Replicator) acked(g ackGroup) {
 			r.unacked -= p.nslots
 		}
 		if err := g.errs[i]; err != nil {
+			r.noteStoreRefused(err)
 			r.publishFailures.Add(1)
 			kind := p.retry.Kind
 			r.limit.log(r.log, logPublish, slog.LevelWarn, MsgNotAcknowledged, "kind", kind.String(), "err", err)
 			r.core.Failed(p.retry)
 			continue
 		}
+		r.noteStored()
 		switch {
 		case p.snapped:
 			r.publishedSnaps.Add(1)

@@ -1,5 +1,7 @@
 package replication
 
+import "github.com/edgelimit/edgelimit/replication/core"
+
 // restoreOwn raises this PoP's own counts to those one of its own delta
 // batches carried, read back from its region's stream. A PoP's own counts
 // only grow, so in steady state this changes nothing (crdt.Local.Restore
@@ -10,7 +12,10 @@ package replication
 // counting), gets back what it published before, so it never publishes lower
 // counts than before under its name, and its new hits count on top of the
 // old ones everywhere. Batches that do not decode are ignored here (the
-// other PoPs drop and count them).
+// other PoPs drop and count them). What a batch under this PoP's name
+// carries is checked as another PoP's would be (core.CheckOwn): a slot of
+// another replica is dropped and a count past Config.Bounds clamped, counted
+// in Stats.Rejected.
 func (r *Replicator) restoreOwn(kind, region, pop string, data []byte) {
 	if kind != kindDelta {
 		return
@@ -19,5 +24,10 @@ func (r *Replicator) restoreOwn(kind, region, pop string, data []byte) {
 	if err != nil || len(slots) == 0 {
 		return
 	}
-	r.cfg.Counts.Restore(slots)
+	r.with(func(c *core.Core) {
+		slots = c.CheckOwn(core.Message{Kind: core.Delta, Region: region, POP: pop, Slots: slots})
+	})
+	if len(slots) > 0 {
+		r.cfg.Counts.Restore(slots)
+	}
 }

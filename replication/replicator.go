@@ -97,6 +97,7 @@ type Replicator struct {
 	cfg    Config
 	log    *slog.Logger
 	js     jetstream.JetStream
+	admin  jetstream.JetStream // Config.Admin's; nil without
 	stream string
 	limit  logLimiter
 
@@ -132,6 +133,10 @@ type Replicator struct {
 	directBatches, directSlots                atomic.Uint64
 	hotBatches                                atomic.Uint64
 	stalledSources                            atomic.Int64
+	streamErr                                 atomic.Pointer[error] // StreamErr; nil while the stream is as expected
+	streamBytes                               atomic.Uint64         // the stream's size at the last look
+	jsFull                                    atomic.Pointer[error] // JetStreamFull; nil while publishes are stored
+	jsFullSince                               atomic.Int64
 	skippedOwn, lastSeq                       atomic.Uint64
 	dropped                                   [NumDropReasons]atomic.Uint64
 	lag                                       lagHistogram

@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
 )
 
 // ServerConfig configures an embedded NATS server with JetStream. The zero
@@ -29,6 +32,11 @@ type ServerConfig struct {
 	// reaches the client port may publish anything, which is why that is
 	// only allowed on loopback.
 	Users []PoPKey
+	// Admin, with Users, is the public nkey of a user that may administer
+	// the streams (AdminPermissions): the PoP that runs the server connects
+	// with it, in memory only, to create and update its region's stream
+	// (replication.Config.Admin).
+	Admin string
 	// Port is the client port; -1 picks a free port, 0 means NATS's 4222.
 	Port int
 	// Domain is the JetStream domain. Regions linked by leaf nodes each need
@@ -57,6 +65,9 @@ type ServerConfig struct {
 	// JetStream writing again once space returns (StoreGuard). The caller
 	// runs its Run.
 	Guard *StoreGuard
+	// Links, when set, watches this server's leaf links to the hub
+	// (LinkWatch).
+	Links *LinkWatch
 }
 
 // ClusterConfig makes a server one node of a region's NATS cluster.
@@ -78,9 +89,18 @@ type GatewayConfig struct {
 // LeafConfig accepts and/or makes leaf-node connections between regions.
 type LeafConfig struct {
 	// Host and Port are the leaf listener; Port 0 means the server accepts
-	// no leaf connections, -1 picks a free port.
+	// no leaf connections, -1 picks a free port. Host "" means 127.0.0.1;
+	// beyond loopback the listener needs Users: a leaf connection is let
+	// in only with a PoP's or the Admin's nkey (what it may then do is that
+	// user's Permissions), so StartServer refuses an open one
+	// (ErrOpenServer).
 	Host string
 	Port int
+	// RemoteNKeySeedFile is the nkey seed file this server's leaf remotes
+	// log in with at the hub: a credential the hub's Users list (edgelimit
+	// natsconf writes one per PoP; a region's server uses its PoP's). ""
+	// connects without credentials, which a hub with Users refuses.
+	RemoteNKeySeedFile string
 	// NoAdvertise keeps the server from telling leaves the addresses of its
 	// leaf listeners, so a leaf only ever uses the URLs it was given: set it
 	// when leaves reach this server through a proxy, load balancer or NAT.
@@ -152,12 +172,15 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replication: new NATS server %q: %w", cfg.Name, err)
 	}
-	if cfg.Logger != nil || cfg.Guard != nil {
+	if cfg.Logger != nil || cfg.Guard != nil || cfg.Links != nil {
 		l := cfg.Logger
 		if l == nil {
 			l = slog.New(slog.DiscardHandler)
 		}
-		s.SetLoggerV2(slogAdapter{l.With("nats_server", cfg.Name), cfg.Guard}, true, false, false)
+		s.SetLoggerV2(slogAdapter{l.With("nats_server", cfg.Name), cfg.Guard, cfg.Links}, true, false, false)
+	}
+	if cfg.Links != nil {
+		cfg.Links.attach(s)
 	}
 	if cfg.Guard != nil {
 		cfg.Guard.attach(s, opts)
@@ -191,7 +214,11 @@ func serverOptions(cfg ServerConfig) (*server.Options, error) {
 		NoLog:              cfg.Logger == nil,
 	}
 	if len(cfg.Users) > 0 {
-		opts.Nkeys = nkeyUsers(cfg.Users)
+		users := cfg.Users
+		if cfg.Admin != "" {
+			users = append(slices.Clip(users), PoPKey{POP: AdminUser, PublicKey: cfg.Admin})
+		}
+		opts.Nkeys = nkeyUsers(users)
 	} else if !isLoopback(opts.Host) {
 		return nil, fmt.Errorf("%w: server %q would listen on %s; list the PoPs' public nkeys (--nats-authorized-keys, written by edgelimit natsconf) or keep --nats-host on loopback",
 			ErrOpenServer, cfg.Name, opts.Host)
@@ -220,6 +247,10 @@ func serverOptions(cfg ServerConfig) (*server.Options, error) {
 	}
 	if l := cfg.Leaf; l != nil {
 		if l.Port != 0 {
+			if len(cfg.Users) == 0 && !isLoopback(orLoopback(l.Host)) {
+				return nil, fmt.Errorf("%w: server %q would accept leaf connections on %s; list the PoPs' public nkeys (--nats-authorized-keys) or keep --nats-leaf-host on loopback",
+					ErrOpenServer, cfg.Name, l.Host)
+			}
 			opts.LeafNode.Host = orLoopback(l.Host)
 			opts.LeafNode.Port = l.Port
 			opts.LeafNode.NoAdvertise = l.NoAdvertise
@@ -233,10 +264,42 @@ func serverOptions(cfg ServerConfig) (*server.Options, error) {
 			if len(us) == 0 {
 				return nil, fmt.Errorf("replication: server %q leaf remote %d has no URL", cfg.Name, i)
 			}
-			opts.LeafNode.Remotes = append(opts.LeafNode.Remotes, &server.RemoteLeafOpts{URLs: us})
+			remote := &server.RemoteLeafOpts{URLs: us}
+			if l.RemoteNKeySeedFile != "" {
+				if err := leafNKey(remote, l.RemoteNKeySeedFile); err != nil {
+					return nil, fmt.Errorf("replication: server %q leaf remote %d: %w", cfg.Name, i, err)
+				}
+			}
+			opts.LeafNode.Remotes = append(opts.LeafNode.Remotes, remote)
 		}
 	}
 	return opts, nil
+}
+
+// leafNKey makes remote log in with the user nkey whose seed is in file; the
+// seed never crosses the wire.
+func leafNKey(remote *server.RemoteLeafOpts, file string) error {
+	seed, err := os.ReadFile(file)
+	if err != nil {
+		return fmt.Errorf("leaf credential: %w", err)
+	}
+	kp, err := nkeys.ParseDecoratedNKey(seed)
+	if err != nil {
+		return fmt.Errorf("leaf credential %s: %w", file, err)
+	}
+	pub, err := kp.PublicKey()
+	if err != nil {
+		return fmt.Errorf("leaf credential %s: %w", file, err)
+	}
+	if !nkeys.IsValidPublicUserKey(pub) {
+		return fmt.Errorf("leaf credential %s holds a seed of another kind than a user", file)
+	}
+	raw, err := kp.Seed()
+	if err != nil {
+		return fmt.Errorf("leaf credential %s: %w", file, err)
+	}
+	remote.Nkey = string(raw) // the server signs the hub's nonce with it at every connect
+	return nil
 }
 
 func orLoopback(host string) string {
@@ -285,6 +348,7 @@ func WaitReady(s *server.Server, timeout time.Duration) error {
 type slogAdapter struct {
 	l     *slog.Logger
 	guard *StoreGuard
+	links *LinkWatch
 }
 
 func (a slogAdapter) Noticef(format string, v ...any) { a.l.Info(fmt.Sprintf(format, v...)) }
@@ -294,6 +358,9 @@ func (a slogAdapter) Errorf(format string, v ...any)  { a.problem(slog.LevelErro
 
 func (a slogAdapter) problem(level slog.Level, format string, v []any) {
 	msg := fmt.Sprintf(format, v...)
+	if a.links != nil {
+		a.links.serverLine(msg)
+	}
 	if a.guard != nil && a.guard.serverLine(msg) {
 		level = slog.LevelDebug
 	}

@@ -2,10 +2,12 @@ package replication
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -24,6 +26,7 @@ func (r *Replicator) StreamConfig() jetstream.StreamConfig {
 		Retention:   jetstream.LimitsPolicy,
 		Discard:     jetstream.DiscardOld,
 		MaxAge:      c.MaxAge,
+		MaxBytes:    c.MaxBytes,
 		Duplicates:  min(c.MaxAge, 2*time.Minute),
 		Storage:     c.Storage,
 		Replicas:    c.Replicas,
@@ -130,9 +133,9 @@ func (r *Replicator) setup(ctx context.Context, consumer chan<- jetstream.Consum
 func (r *Replicator) startConsumer(ctx context.Context) (jetstream.ConsumeContext, error) {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	stream, err := r.js.CreateOrUpdateStream(rctx, r.StreamConfig())
+	stream, err := r.ensureStream(rctx)
 	if err != nil {
-		return nil, fmt.Errorf("replication: create or update stream %s: %w", r.stream, err)
+		return nil, err
 	}
 	occ := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
 	last := stream.CachedInfo().State.LastSeq
@@ -178,9 +181,6 @@ func (r *Replicator) watchSources(ctx context.Context) {
 			others = append(others, region)
 		}
 	}
-	if len(others) == 0 {
-		return
-	}
 	direct := make(map[string][]*nats.Subscription)
 	unsubscribe := func(subs []*nats.Subscription) {
 		for _, sub := range subs {
@@ -206,6 +206,11 @@ func (r *Replicator) watchSources(ctx context.Context) {
 		if err != nil {
 			continue // no stream yet, or our own server is unreachable: nothing to learn
 		}
+		info := stream.CachedInfo()
+		r.streamBytes.Store(info.State.Bytes)
+		if r.checkStream(info.Config) != nil && r.admin != nil {
+			r.repairStream(ctx)
+		}
 		healthy := make(map[string]bool)
 		for _, si := range stream.CachedInfo().Sources {
 			healthy[si.Name] = si.Error == nil && si.Active >= 0 && si.Active < sourceStale
@@ -229,6 +234,76 @@ func (r *Replicator) watchSources(ctx context.Context) {
 		}
 		r.stalledSources.Store(int64(len(direct)))
 	}
+}
+
+// ensureStream makes the region's stream exist as StreamConfig says, as far
+// as this PoP's credentials allow, and checks it. With Config.Admin it
+// creates or updates the stream through that connection; without, it only
+// creates a missing one (a PoP's own credential may create its region's
+// stream, never change one: Permissions), and an existing stream stays as it
+// is. Either way it then reads the stream's configuration back and returns
+// ErrStreamConfig, with the differences, when it is not as expected: the
+// caller does not consume such a stream.
+func (r *Replicator) ensureStream(ctx context.Context) (jetstream.Stream, error) {
+	want := r.StreamConfig()
+	if r.admin != nil {
+		if _, err := r.admin.CreateOrUpdateStream(ctx, want); err != nil {
+			return nil, fmt.Errorf("replication: create or update stream %s (admin connection): %w", r.stream, err)
+		}
+	} else if _, err := r.js.CreateStream(ctx, want); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return nil, fmt.Errorf("replication: create stream %s: %w", r.stream, err)
+	}
+	stream, err := r.js.Stream(ctx, r.stream)
+	if err != nil {
+		return nil, fmt.Errorf("replication: stream %s: %w", r.stream, err)
+	}
+	if err := r.checkStream(stream.CachedInfo().Config); err != nil {
+		return nil, err
+	}
+	return stream, nil
+}
+
+// checkStream compares the stream's configuration got with StreamConfig,
+// keeps the outcome for StreamErr, and logs when it changes.
+func (r *Replicator) checkStream(got jetstream.StreamConfig) error {
+	diff := streamDiff(r.StreamConfig(), got)
+	if len(diff) == 0 {
+		if r.streamErr.Swap(nil) != nil {
+			r.log.Info("replication: the region's stream is configured as expected again", "stream", r.stream)
+		}
+		return nil
+	}
+	err := fmt.Errorf("%w: %s: %s", ErrStreamConfig, r.stream, strings.Join(diff, "; "))
+	if old := r.streamErr.Swap(&err); old == nil || (*old).Error() != err.Error() {
+		fix := "restore it with an operator credential (edgelimit pop --nats-admin-nkey, see docs/replication-security.md)"
+		if r.admin != nil {
+			fix = "restoring it through the admin connection"
+		}
+		r.log.Error("replication: the region's stream is not configured as this PoP expects; not ready until it is",
+			"stream", r.stream, "differs", strings.Join(diff, "; "), "fix", fix)
+	}
+	return err
+}
+
+// repairStream brings the stream back to StreamConfig through the admin
+// connection.
+func (r *Replicator) repairStream(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, sourceCheck)
+	defer cancel()
+	if _, err := r.admin.UpdateStream(rctx, r.StreamConfig()); err != nil {
+		r.limit.log(r.log, logSetup, slog.LevelWarn, "replication: cannot restore the region's stream", "stream", r.stream, "err", err)
+	}
+}
+
+// StreamErr returns ErrStreamConfig, wrapped with what differs, while the
+// region's stream is not configured as StreamConfig says (checked when the
+// consumer starts and every few seconds after), or nil. A PoP is not ready
+// meanwhile.
+func (r *Replicator) StreamErr() error {
+	if p := r.streamErr.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // setCatchUp sets what CaughtUp waits for: the stream's last sequence when

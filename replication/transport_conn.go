@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 )
 
 // ConnConfig says how a PoP connects to NATS: to its embedded server (just
@@ -27,6 +28,9 @@ type ConnConfig struct {
 	Token string
 	// NKeySeedFile authenticates with the nkey seed in that file.
 	NKeySeedFile string
+	// NKey authenticates with an nkey held in memory: the embedded server's
+	// in-process admin (ServerConfig.Admin), whose seed is never written.
+	NKey nkeys.KeyPair
 	// CredsFile authenticates with a decentralized-auth credentials file
 	// (user JWT and nkey seed).
 	CredsFile string
@@ -109,7 +113,7 @@ func Connect(cfg ConnConfig) (*nats.Conn, error) {
 		return nil, errors.New("replication: no NATS URL")
 	}
 	kinds := 0
-	for _, set := range []bool{cfg.User != "" || cfg.Password != "", cfg.Token != "", cfg.NKeySeedFile != "", cfg.CredsFile != ""} {
+	for _, set := range []bool{cfg.User != "" || cfg.Password != "", cfg.Token != "", cfg.NKeySeedFile != "", cfg.CredsFile != "", cfg.NKey != nil} {
 		if set {
 			kinds++
 		}
@@ -152,6 +156,12 @@ func Connect(cfg ConnConfig) (*nats.Conn, error) {
 		opts = append(opts, o)
 	case cfg.CredsFile != "":
 		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
+	case cfg.NKey != nil:
+		pub, err := cfg.NKey.PublicKey()
+		if err != nil {
+			return nil, fmt.Errorf("replication: NATS nkey: %w", err)
+		}
+		opts = append(opts, nats.Nkey(pub, cfg.NKey.Sign))
 	}
 	if cfg.CAFile != "" {
 		opts = append(opts, nats.RootCAs(cfg.CAFile))

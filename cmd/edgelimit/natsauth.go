@@ -20,12 +20,20 @@ func (f *replFlags) natsAuthFlags(fs *flag.FlagSet) {
 	fs.StringVar(&f.natsCert, "nats-tls-cert", "", "client certificate `file` to present to NATS servers that verify clients (with --nats-tls-key)")
 	fs.StringVar(&f.natsKey, "nats-tls-key", "", "private key `file` of --nats-tls-cert")
 	fs.StringVar(&f.natsHost, "nats-host", "127.0.0.1", "embedded NATS: the `host` its client port binds; beyond loopback it needs --nats-authorized-keys")
+	fs.Int64Var(&f.maxStoreMiB, "nats-max-store-mib", 1024, "JetStream's file store limit of the embedded NATS server (MiB); the region's stream is capped at 3/4 of\nit and discards its oldest messages past that, so publishes are not refused. With --nats the stream's\ncap is 3/4 of this too: keep it under the servers' max_file_store")
+	fs.StringVar(&f.natsAdminNKey, "nats-admin-nkey", "", "operator's nkey seed `file` ('edgelimit natsconf' writes admin.nk): the PoP creates and updates its region's\nstream through it (a PoP's own credential may only create a missing one; an embedded server needs none)")
+	fs.StringVar(&f.leafHost, "nats-leaf-host", "127.0.0.1", "embedded NATS: the `host` the leaf listener (--nats-leaf-port) binds; beyond loopback it needs --nats-authorized-keys")
+	fs.StringVar(&f.leafNKey, "nats-leaf-nkey", "", "embedded NATS: nkey seed `file` the leaf links (--nats-leaf-remote) log in to the hub with ('edgelimit natsconf'\nwrites leaf.nk; the hub's --nats-authorized-keys lists it)")
 	fs.StringVar(&f.natsAuthorized, "nats-authorized-keys", "", "embedded NATS: let in only the PoPs listed in this `file` (\"<pop> <public nkey>\" lines, written by\n'edgelimit natsconf'), each allowed to publish only its own subjects; this PoP connects with --nats-nkey")
 }
 
 // validateAuth checks the credential and TLS flags and reads the authorized
 // keys; it runs after validate.
 func (f *replFlags) validateAuth(t replication.Topology) error {
+	if f.maxStoreMiB < 1 || f.maxStoreMiB > 1<<30 {
+		return fmt.Errorf("--nats-max-store-mib must be between 1 and %d, got %d", 1<<30, f.maxStoreMiB)
+	}
+	f.maxStore = f.maxStoreMiB << 20
 	if f.natsPassFile != "" {
 		if f.natsPass != "" {
 			return errors.New("--nats-password-file and --nats-password (or EDGELIMIT_NATS_PASSWORD) both set; keep one")
@@ -36,6 +44,19 @@ func (f *replFlags) validateAuth(t replication.Topology) error {
 		}
 		if f.natsPass = strings.TrimRight(string(b), "\r\n"); f.natsPass == "" {
 			return fmt.Errorf("--nats-password-file %s is empty", f.natsPassFile)
+		}
+	}
+	if f.leafNKey != "" {
+		if len(f.leafRemotes.values) == 0 {
+			return errors.New("--nats-leaf-nkey is the credential of the leaf links: it needs --nats-leaf-remote")
+		}
+		if err := checkSeed(f.leafNKey); err != nil {
+			return fmt.Errorf("--nats-leaf-nkey: %w", err)
+		}
+	}
+	if f.natsAdminNKey != "" {
+		if err := checkSeed(f.natsAdminNKey); err != nil {
+			return fmt.Errorf("--nats-admin-nkey: %w", err)
 		}
 	}
 	if (f.natsCert == "") != (f.natsKey == "") {
@@ -79,4 +100,20 @@ func (f *replFlags) validateAuth(t replication.Topology) error {
 		}
 	}
 	return fmt.Errorf("--nats-authorized-keys does not list this PoP (%s)", f.pop)
+}
+
+// checkSeed checks that file holds a user nkey seed.
+func checkSeed(file string) error {
+	seed, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	kp, err := nkeys.ParseDecoratedNKey(seed)
+	if err != nil {
+		return fmt.Errorf("%s: %w", file, err)
+	}
+	if pub, err := kp.PublicKey(); err != nil || !nkeys.IsValidPublicUserKey(pub) {
+		return fmt.Errorf("%s holds no user nkey seed", file)
+	}
+	return nil
 }

@@ -29,6 +29,26 @@ func TestNatsconf(t *testing.T) {
 	if strings.Contains(string(conf), strings.TrimSpace(string(seed))) || strings.Contains(string(authorized), strings.TrimSpace(string(seed))) {
 		t.Fatal("a seed leaked into a generated file")
 	}
+	for _, name := range []string{"admin.nk", "leaf.nk"} {
+		if st, err := os.Stat(filepath.Join(dir, name)); err != nil || st.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v, mode %v, want a seed of mode 0600", name, err, st.Mode().Perm())
+		}
+	}
+	for _, user := range []string{"_admin ", "_leaf "} {
+		if !strings.Contains(string(authorized), "\n"+user) {
+			t.Errorf("authorized_keys has no %q line:\n%s", user, authorized)
+		}
+	}
+	// No PoP may administer a stream: only the operator's key has the
+	// JetStream API beyond creating its region's stream.
+	for _, line := range strings.Split(string(conf), "\n") {
+		if strings.Contains(line, "STREAM.UPDATE") || strings.Contains(line, "STREAM.DELETE") || strings.Contains(line, "STREAM.PURGE") {
+			t.Errorf("the accounts config grants stream administration: %s", line)
+		}
+	}
+	if strings.Count(string(conf), `"$JS.API.>"`) != 1 {
+		t.Errorf("the accounts config should grant the whole JetStream API to the operator's key alone:\n%s", conf)
+	}
 	out.Reset()
 	if code := run([]string{"natsconf", "--topology", "eu=eu-1,eu-2;us=us-1", "--keys", dir}, &out, &errb); code != 0 || strings.Contains(out.String(), "new seed") {
 		t.Fatalf("second run: exit %d, made new seeds: %s", code, out.String())
@@ -52,6 +72,10 @@ func TestNatsconf(t *testing.T) {
 		{[]string{"--nats-tls-cert", "c.pem"}, "--nats-tls-cert and --nats-tls-key go together"},
 		{[]string{"--nats-password-file", filepath.Join(dir, "missing")}, "--nats-password-file"},
 		{[]string{"--nats-host", "0.0.0.0"}, "refusing to serve NATS beyond loopback without credentials"},
+		{[]string{"--nats-leaf-port", "-1", "--nats-leaf-host", "0.0.0.0"}, "would accept leaf connections on 0.0.0.0"},
+		{[]string{"--nats-leaf-nkey", filepath.Join(dir, "leaf.nk")}, "--nats-leaf-nkey is the credential of the leaf links: it needs --nats-leaf-remote"},
+		{[]string{"--nats-leaf-remote", "nats-leaf://127.0.0.1:1", "--nats-leaf-nkey", filepath.Join(dir, "authorized_keys")}, "--nats-leaf-nkey"},
+		{[]string{"--nats-max-store-mib", "0"}, "--nats-max-store-mib must be between 1"},
 	} {
 		errb.Reset()
 		if code := run(append(append([]string{}, base...), c.args...), &out, &errb); code != 1 || !strings.Contains(errb.String(), c.want) {

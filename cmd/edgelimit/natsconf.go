@@ -21,13 +21,20 @@ Writes one NATS credential per PoP of the topology and the servers' side of it, 
 each PoP may publish only its own subjects:
 
   DIR/<pop>.nk                 the PoP's nkey seed (mode 0600; kept when it exists): give it
-                               to that PoP only, as --nats-nkey
-  DIR/authorized_keys          "<pop> <public nkey>" lines, for embedded NATS servers
-                               (--nats-authorized-keys)
+                               to that PoP only, as --nats-nkey. It may publish the PoP's own
+                               subjects and create its region's stream, never change one
+  DIR/admin.nk                 the operator's seed: creates and updates the streams
+                               (--nats-admin-nkey, for PoPs on external NATS servers); keep it
+                               off the PoPs otherwise
+  DIR/leaf.nk                  the leaf links' seed: a region's embedded NATS server logs in
+                               with it at the hub (--nats-leaf-nkey); it relays every subject,
+                               so only the PoPs that run a leaf region's server hold it
+  DIR/authorized_keys          "<pop> <public nkey>" lines, and "_admin" and "_leaf" ones, for
+                               embedded NATS servers (--nats-authorized-keys)
   DIR/edgelimit-accounts.conf  the accounts section of a nats-server configuration
                                (deploy/nats/*.conf include it)
 
-Only public keys leave DIR/<pop>.nk, so the other two files hold no secret. Run it again
+Only public keys leave the seed files, so the other two files hold no secret. Run it again
 after changing the topology: existing seeds are kept, new PoPs get new ones.
 
 Flags:
@@ -76,10 +83,25 @@ func runNatsconf(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(&authorized, "%s %s\n", p, pub)
 		}
 	}
+	var admin string
+	for _, user := range []string{replication.AdminUser, replication.LeafUser} {
+		file := filepath.Join(dir, strings.TrimPrefix(user, "_")+".nk")
+		pub, created, err := popSeed(file)
+		if err != nil {
+			return fmt.Errorf("%s: %w", file, err)
+		}
+		if created {
+			fmt.Fprintf(stdout, "new seed %s\n", file)
+		}
+		if user == replication.AdminUser {
+			admin = pub
+		}
+		fmt.Fprintf(&authorized, "%s %s\n", user, pub)
+	}
 	command := "edgelimit natsconf --topology '" + topo + "'"
 	for name, data := range map[string][]byte{
 		"authorized_keys":         []byte(authorized.String()),
-		"edgelimit-accounts.conf": replication.AccountsConf(keys, command),
+		"edgelimit-accounts.conf": replication.AccountsConf(keys, admin, command),
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
 			return err

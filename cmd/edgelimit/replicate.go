@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgelimit/edgelimit/pop/node"
@@ -31,6 +32,9 @@ type replFlags struct {
 	natsCert, natsKey     string
 	natsHost              string
 	natsAuthorized        string
+	natsAdminNKey         string               // --nats-admin-nkey
+	maxStoreMiB, maxStore int64                // --nats-max-store-mib, and in bytes
+	leafHost, leafNKey    string               // --nats-leaf-host, --nats-leaf-nkey
 	natsUsers             []replication.PoPKey // read from natsAuthorized
 	natsListen            int
 	leafListen            int
@@ -177,15 +181,30 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			dur.release()
 		}
 		var guard *replication.StoreGuard
+		var adminKey nkeys.KeyPair
+		var links *replication.LinkWatch
 		url := f.natsURL
+		if url == "" && len(f.leafRemotes.values) > 0 {
+			links = replication.NewLinkWatch(f.leafRemotes.values)
+		}
 		if url == "" {
 			// The stream's store is on the --data disk too: the same
 			// minimum of free space guards it.
 			guard = replication.NewStoreGuard(dur.minFree, log.With("component", "nats-store"))
 			cfg := replication.ServerConfig{Name: f.pop, Dir: filepath.Join(dataDir, "nats"), Host: f.natsHost, Port: f.natsListen,
-				Domain: f.region, Users: f.natsUsers, Logger: log.With("component", "nats"), Guard: guard}
+				Domain: f.region, Users: f.natsUsers, Logger: log.With("component", "nats"), Guard: guard, Links: links,
+				MaxStore: f.maxStore}
+			if len(f.natsUsers) > 0 {
+				// The stream's administration goes through a key of this
+				// process's own, never written: the PoPs' keys may not.
+				if adminKey, err = nkeys.CreateUser(); err != nil {
+					closeAll()
+					return nil, nil, err
+				}
+				cfg.Admin, _ = adminKey.PublicKey()
+			}
 			if f.leafListen != 0 || len(f.leafRemotes.values) > 0 {
-				cfg.Leaf = &replication.LeafConfig{Port: f.leafListen}
+				cfg.Leaf = &replication.LeafConfig{Port: f.leafListen, Host: f.leafHost, RemoteNKeySeedFile: f.leafNKey}
 				for _, u := range f.leafRemotes.values { // one hub region's server per URL
 					cfg.Leaf.Remotes = append(cfg.Leaf.Remotes, []string{u})
 				}
@@ -214,6 +233,14 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			return nil, nil, fmt.Errorf("nats %s: %w", url, err)
 		}
 		cleanup = append(cleanup, nc.Close)
+		admin, err := f.adminConn(url, nc, adminKey, log)
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		if admin != nil && admin != nc {
+			cleanup = append(cleanup, admin.Close)
+		}
 		direct := make(map[string]*nats.Conn, len(f.direct))
 		for _, region := range slices.Sorted(maps.Keys(f.direct)) {
 			// The same credentials: every server of the deployment knows
@@ -229,7 +256,7 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			direct[region] = dc
 		}
 		r, err := replication.New(replication.Config{
-			Region: f.region, POP: f.pop, Topology: t, Conn: nc, Direct: direct, Counts: counts, Bits: bits,
+			Region: f.region, POP: f.pop, Topology: t, Conn: nc, Admin: admin, Direct: direct, MaxBytes: streamMaxBytes(f.maxStore), Counts: counts, Bits: bits,
 			FlushInterval: f.flush, BitsInterval: f.urgent, SnapshotInterval: f.snapshot, StartSeq: seq, OnApplied: counts.Applied,
 			UnreachableAfter: f.unreachableAfter, PartitionShare: f.partitionShare, SetGlobalShare: h.SetGlobalShare,
 			NoClockSync: !f.clockSync, MaxClockStep: f.maxClockStep, SetClockOffset: h.SetClockOffset,
@@ -253,17 +280,54 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			_ = counts.Save(counts.DeltaAt(time.Now().UnixNano())) // one last save of what was counted
 			return err
 		}
+		registerStreamHealth(reg, r, links)
 		ready := func() error {
 			if err := catchUp(); err != nil {
 				return err
 			}
 			if guard != nil {
-				return guard.Full()
+				if err := guard.Full(); err != nil {
+					return err
+				}
 			}
-			return nil
+			if err := r.StreamErr(); err != nil {
+				return err
+			}
+			if err := r.JetStreamFull(); err != nil {
+				return err
+			}
+			return links.Refused()
 		}
 		return run, ready, nil
 	}
+}
+
+// adminConn returns the connection the Replicator administers its region's
+// stream through (replication.Config.Admin), or nil: with an embedded server
+// that lets in only the PoPs' keys, one with this process's in-memory admin
+// key; with an embedded server that lets anyone in on loopback, the PoP's own
+// connection; with external servers, one with --nats-admin-nkey when given.
+func (f *replFlags) adminConn(url string, nc *nats.Conn, key nkeys.KeyPair, log *slog.Logger) (*nats.Conn, error) {
+	switch {
+	case f.natsURL == "" && key != nil:
+		c, err := replication.Connect(replication.ConnConfig{URL: url, Name: "edgelimit " + f.pop + " admin", NKey: key,
+			Logger: log.With("component", "nats-admin")})
+		if err != nil {
+			return nil, fmt.Errorf("embedded NATS, admin connection: %w", err)
+		}
+		return c, nil
+	case f.natsURL == "":
+		return nc, nil
+	case f.natsAdminNKey != "":
+		cfg := f.connConfig(url, "edgelimit "+f.pop+" admin", log.With("component", "nats-admin"))
+		cfg.User, cfg.Password, cfg.CredsFile, cfg.NKeySeedFile = "", "", "", f.natsAdminNKey
+		c, err := replication.Connect(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("--nats-admin-nkey: %w", err)
+		}
+		return c, nil
+	}
+	return nil, nil
 }
 
 // connConfig is a NATS connection to url with this PoP's credentials and
@@ -326,6 +390,40 @@ func errorGauge(opts prometheus.GaugeOpts, cond func() error) prometheus.GaugeFu
 		}
 		return 0
 	})
+}
+
+// streamMaxBytes is the cap of the region's stream for a JetStream store of
+// maxStore bytes: three quarters of it. The stream then discards its oldest
+// messages before the store is full, so a PoP's publishes are never refused
+// for a store the stream itself filled; the quarter left covers the file
+// store's own overhead (indexes, the messages of a block being discarded)
+// and the ephemeral consumers' state.
+func streamMaxBytes(maxStore int64) int64 { return maxStore / 4 * 3 }
+
+// registerStreamHealth exports what the Replicator knows of its stream and
+// the embedded server's leaf links: each also fails /readyz, but the
+// stream's size and a link cut by the network.
+func registerStreamHealth(reg prometheus.Registerer, r *replication.Replicator, links *replication.LinkWatch) {
+	reg.MustRegister(
+		errorGauge(prometheus.GaugeOpts{
+			Name: "edgelimit_replication_stream_misconfigured",
+			Help: "1 while the region's stream is configured otherwise than this PoP expects (subjects, transforms, sources, limits): the PoP does not consume it and /readyz says what differs.",
+		}, r.StreamErr),
+		errorGauge(prometheus.GaugeOpts{
+			Name: "edgelimit_jetstream_store_full",
+			Help: "1 while JetStream refuses this PoP's publishes for want of storage (insufficient resources): nothing it counts reaches the other PoPs until one is stored again; /readyz fails.",
+		}, r.JetStreamFull),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "edgelimit_jetstream_stream_bytes", Help: "Bytes the region's stream holds (looked at every few seconds).",
+		}, func() float64 { b, _ := r.StreamBytes(); return float64(b) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "edgelimit_jetstream_stream_max_bytes", Help: "The region's stream's cap (--nats-max-store-mib × 3/4): past it the oldest messages are discarded. 0: none.",
+		}, func() float64 { _, m := r.StreamBytes(); return float64(m) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "edgelimit_nats_leaf_links_down",
+			Help: "Leaf links of the embedded NATS server to the hub region (--nats-leaf-remote) that are not up: the region counts alone meanwhile. /readyz fails when the hub refused the link's credential.",
+		}, func() float64 { return float64(links.Down()) }),
+	)
 }
 
 // registerStoreGuard exports the embedded NATS server's JetStream store guard.

@@ -161,3 +161,17 @@ func (c *Core) checkBits(now int64, m *Message) ([]crdt.Bit, []int64) {
 	}
 	return bits[:n], issued[:min(n, len(issued))]
 }
+
+// CheckOwn returns the slots of m, a delta batch under this PoP's own name
+// read back from the stream (the driver restores its own counts from it),
+// that this PoP could have sent: its own replica's, each count at most
+// Bounds.MaxCount, as Step checks another PoP's. A message under this PoP's
+// name need not be its own: a stream transform, a misconfigured server or a
+// stolen credential can put anything there, and a count restored as own is
+// published again as this PoP's. Rejects are counted in the next Ready.
+func (c *Core) CheckOwn(m Message) []crdt.Slot {
+	if m.POP != c.cfg.POP || m.Kind != Delta {
+		return nil
+	}
+	return c.checkSlots(&m)
+}
