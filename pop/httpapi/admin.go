@@ -34,7 +34,15 @@ type AdminConfig struct {
 	Logger *slog.Logger
 	// Now is the clock of usage reads; nil is time.Now.
 	Now func() time.Time
+	// StoreTimeout bounds each request's calls to the quota store: past it
+	// the request is answered 503 (a store that accepts connections and
+	// never answers holds no admin request longer). 0 means
+	// DefaultAdminStoreTimeout.
+	StoreTimeout time.Duration
 }
+
+// DefaultAdminStoreTimeout is AdminConfig.StoreTimeout's default.
+const DefaultAdminStoreTimeout = 10 * time.Second
 
 // Admin bounds.
 const (
@@ -83,6 +91,9 @@ func NewAdmin(cfg AdminConfig) http.Handler {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.StoreTimeout <= 0 {
+		cfg.StoreTimeout = DefaultAdminStoreTimeout
+	}
 	a := &admin{cfg: cfg, token: sha256.Sum256([]byte(cfg.Token)), mux: http.NewServeMux()}
 	for _, r := range adminRoutes {
 		a.mux.HandleFunc(r.method+" "+r.path, func(w http.ResponseWriter, req *http.Request) { r.handle(a, w, req) })
@@ -99,9 +110,11 @@ func (a *admin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnauthorized, "UNAUTHORIZED", "Authorization", "a valid 'Authorization: Bearer <token>' header is required")
 		return
 	}
+	ctx, cancel := context.WithTimeout(r.Context(), a.cfg.StoreTimeout)
+	defer cancel()
 	// A route that exists with another method: 405 in JSON, not the mux's text.
 	rec := &methodCheck{ResponseWriter: w}
-	a.mux.ServeHTTP(rec, r)
+	a.mux.ServeHTTP(rec, r.WithContext(ctx))
 }
 
 // methodCheck turns the mux's plain-text 405 into a JSON error.
@@ -166,7 +179,10 @@ func pathKey(w http.ResponseWriter, r *http.Request) (string, bool) {
 }
 
 // adminFailed answers err: a field error is a 400 naming the field, a
-// missing quota a 404, anything else a 503 (the store does not answer).
+// missing quota a 404, anything else a 503 (the store does not answer). The
+// 503 says only "quota store unavailable": the store's error names the
+// database's user, name and address, which are the operator's to read (in
+// the log, see storeFailed), not a client's.
 func adminFailed(w http.ResponseWriter, err error) {
 	var fe *quota.FieldError
 	switch {
@@ -175,8 +191,18 @@ func adminFailed(w http.ResponseWriter, err error) {
 	case errors.Is(err, quota.ErrNotFound):
 		writeError(w, http.StatusNotFound, "NOT_FOUND", "api_key", err.Error())
 	default:
-		writeError(w, http.StatusServiceUnavailable, "STORE_UNAVAILABLE", "", err.Error())
+		writeError(w, http.StatusServiceUnavailable, "STORE_UNAVAILABLE", "", "quota store unavailable")
 	}
+}
+
+// storeFailed answers an error of a quota store call (adminFailed), logging
+// it when the store failed (not for a missing quota or a bad field).
+func (a *admin) storeFailed(w http.ResponseWriter, r *http.Request, op string, err error) {
+	var fe *quota.FieldError
+	if !errors.As(err, &fe) && !errors.Is(err, quota.ErrNotFound) {
+		a.cfg.Logger.Error("admin: quota store unavailable", "op", op, "path", r.URL.Path, "err", err)
+	}
+	adminFailed(w, err)
 }
 
 func writeAdminJSON(w http.ResponseWriter, status int, v any) {
@@ -250,6 +276,9 @@ func (a *admin) checkRules(q *quota.Quota) error {
 	limits := a.cfg.Engine.Rules().Limits()
 	for i := range q.Overrides {
 		o := &q.Overrides[i]
+		if name, ok := policyName(tenants, o.Descriptor); ok {
+			o.Descriptor = name
+		}
 		if !slices.ContainsFunc(tenants, func(t *rules.Tenants) bool { return t.Overridable(o.Descriptor) }) {
 			return &quota.FieldError{Field: fmt.Sprintf("overrides[%d].descriptor", i),
 				Msg: fmt.Sprintf("%q names no tier limit and no limit of a descriptor below the tenant entry (see the RateLimit-Policy names)", o.Descriptor)}
@@ -264,6 +293,28 @@ func (a *admin) checkRules(q *quota.Quota) error {
 		}
 	}
 	return nil
+}
+
+// policyName returns the limit name (the RateLimit-Policy name, e.g.
+// "api_key.endpoint=POST /api/v1/orders") an override written as the quota
+// API's specification writes it names: "endpoint:POST /api/v1/orders", the
+// key and value of a descriptor entry below the tenant entry. It reports
+// false when d is not of that form or names no limit an override may
+// replace; d is then taken as a limit name.
+func policyName(tenants []*rules.Tenants, d string) (string, bool) {
+	key, value, ok := strings.Cut(d, ":")
+	if !ok || key == "" || strings.ContainsAny(key, "=.") {
+		return "", false
+	}
+	for _, t := range tenants {
+		if t.Overridable(d) {
+			return "", false // already a limit's name
+		}
+		if name := t.Key + "." + key + "=" + value; t.Overridable(name) {
+			return name, true
+		}
+	}
+	return "", false
 }
 
 func (a *admin) put(w http.ResponseWriter, r *http.Request) {
@@ -290,8 +341,7 @@ func (a *admin) put(w http.ResponseWriter, r *http.Request) {
 	}
 	before, err := a.cfg.Store.Put(r.Context(), q, actor(r))
 	if err != nil {
-		a.cfg.Logger.Error("admin: put failed", "api_key", key, "err", err)
-		adminFailed(w, err)
+		a.storeFailed(w, r, "put", err)
 		return
 	}
 	status := http.StatusOK
@@ -308,7 +358,7 @@ func (a *admin) get(w http.ResponseWriter, r *http.Request) {
 	}
 	q, err := a.cfg.Store.Get(r.Context(), key)
 	if err != nil {
-		adminFailed(w, err)
+		a.storeFailed(w, r, "get", err)
 		return
 	}
 	writeAdminJSON(w, http.StatusOK, q.ToWire())
@@ -320,7 +370,7 @@ func (a *admin) delete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if _, err := a.cfg.Store.Delete(r.Context(), key, actor(r)); err != nil {
-		adminFailed(w, err)
+		a.storeFailed(w, r, "delete", err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -355,7 +405,7 @@ func (a *admin) list(w http.ResponseWriter, r *http.Request) {
 	}
 	qs, err := a.cfg.Store.List(r.Context(), tier, after, limit+1)
 	if err != nil {
-		adminFailed(w, err)
+		a.storeFailed(w, r, "list", err)
 		return
 	}
 	page := quotaPage{Quotas: []*quota.Wire{}}
@@ -376,7 +426,7 @@ func (a *admin) audit(w http.ResponseWriter, r *http.Request) {
 	}
 	es, err := a.cfg.Store.Audit(r.Context(), key, maxPageSize)
 	if err != nil {
-		adminFailed(w, err)
+		a.storeFailed(w, r, "audit", err)
 		return
 	}
 	if es == nil {

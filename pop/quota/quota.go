@@ -297,8 +297,11 @@ func (q *Quota) Validate() error {
 			return &FieldError{f.String() + ".descriptor", fmt.Sprintf("is %d bytes, the limit is %d", len(o.Descriptor), MaxDescriptorBytes)}
 		case o.RequestsPerUnit < 0 || o.RequestsPerUnit > MaxRequestsPerUnit:
 			return &FieldError{f.String() + ".requests_per_unit", fmt.Sprintf("must be between 0 and %d, got %d", MaxRequestsPerUnit, o.RequestsPerUnit)}
-		case o.Unit.Duration() <= 0:
-			return &FieldError{f.String() + ".unit", "must be second, minute, hour or day"}
+		case o.Unit.Duration() <= 0 || o.Unit > rules.Day:
+			// The quota stores hold these four (PostgreSQL's CHECK on
+			// quota_overrides.unit): a longer unit is refused here, as a bad
+			// field, not by the database as a failure.
+			return &FieldError{f.String() + ".unit", fmt.Sprintf("must be second, minute, hour or day, got %s", o.Unit)}
 		}
 		for j := range i { // at most MaxOverrides: no map needed
 			if q.Overrides[j].Descriptor == o.Descriptor {
