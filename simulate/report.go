@@ -85,8 +85,12 @@ type Result struct {
 	// Messages and Bytes are what replication put on the wire, counting each
 	// copy delivered (or lost) to each PoP.
 	Messages, Bytes int64
-	// AddedLatency is the mean time a decision waited on the network.
-	AddedLatency time.Duration
+	// AddedLatency is the mean time a decision waited on the network, and
+	// AddedLatencyP99 its 99th percentile (to 0.1 ms).
+	AddedLatency, AddedLatencyP99 time.Duration
+	// HomeUnreachable counts the checks of a strong limit whose home gave no
+	// reply in time, decided by the limit's partition policy.
+	HomeUnreachable int64
 
 	// Series samples the tracked key: Series[i] is the largest number of
 	// its hits admitted in any one window (t − window, t] over the instants
@@ -152,8 +156,8 @@ func (rep Report) WriteTable(w io.Writer) error {
 			pct(float64(r.FalseAllows), float64(r.Decisions)), pct(float64(r.FalseDenies), float64(r.Decisions)),
 			pct(float64(r.LegitDenies), float64(r.Decisions)), lag)
 	}
-	fmt.Fprintf(&b, "\n%-12s %11s %11s %11s %11s %11s %9s %10s %12s %9s\n",
-		"strategy", "lag-p50", "lag-max", "bit-p50", "bit-p99", "converge", "reduced%", "msgs", "bytes", "+latency")
+	fmt.Fprintf(&b, "\n%-12s %11s %11s %11s %11s %11s %9s %10s %12s %9s %10s %9s\n",
+		"strategy", "lag-p50", "lag-max", "bit-p50", "bit-p99", "converge", "reduced%", "msgs", "bytes", "+latency", "+lat-p99", "no-home%")
 	for _, r := range rep.Results {
 		conv := "-"
 		if r.Convergence.N > 0 {
@@ -162,10 +166,11 @@ func (rep Report) WriteTable(w io.Writer) error {
 		if r.Unconverged > 0 {
 			conv = "never"
 		}
-		fmt.Fprintf(&b, "%-12s %11s %11s %11s %11s %11s %9.2f %10d %12d %9s\n",
+		fmt.Fprintf(&b, "%-12s %11s %11s %11s %11s %11s %9.2f %10d %12d %9s %10s %9.2f\n",
 			r.Strategy, fmtQuantile(r.DenialLags, r.DenialLags.P50), fmtQuantile(r.DenialLags, r.DenialLags.Max),
 			fmtQuantile(r.MitigationDelay, r.MitigationDelay.P50), fmtQuantile(r.MitigationDelay, r.MitigationDelay.P99),
-			conv, pct(float64(r.ReducedDecisions), float64(r.Decisions)), r.Messages, r.Bytes, fmtDuration(r.AddedLatency))
+			conv, pct(float64(r.ReducedDecisions), float64(r.Decisions)), r.Messages, r.Bytes, fmtDuration(r.AddedLatency),
+			fmtDuration(r.AddedLatencyP99), pct(float64(r.HomeUnreachable), float64(r.Decisions)))
 	}
 	b.WriteString(`
 worst: max over keys and time of (admitted in the last window − limit); mean%/win: mean excess over the
@@ -174,7 +179,9 @@ was admitted: f-allow% admitted past the limit, f-deny% denied though it fit, wr
 a key whose offered traffic in the window was within the limit. deny-lag: first denial − first true crossing
 of the tracked key; lag-p50/max: the same over all keys that crossed. bit-p50/p99: mitigation bit issue →
 arrival at another PoP. converge: heal → every PoP holds the others' pre-heal counts. reduced%: decisions
-made at a reduced partition share. +latency: mean time a decision waited on the network.
+made at a reduced partition share. +latency, +lat-p99: mean and 99th percentile of the time a decision
+waited on the network (a strong limit's round trip to the key's home, or the central store's). no-home%:
+decisions of a strong limit whose home did not answer in time, made by the limit's partition policy.
 `)
 	_, err := io.WriteString(w, b.String())
 	return err

@@ -144,19 +144,16 @@ type Limit struct {
 	// that replicate.
 	Algorithm string `yaml:"algorithm"`
 	// Consistency is how the replicated strategies (edgelimit, async-sync)
-	// hold the limit: eventual (default) or bounded (rate_limit.consistency;
-	// edgelimit sim --consistency overrides it). With bounded the estimate
-	// plays no part, so both rows decide alike.
+	// hold the limit: eventual (default), bounded or strong
+	// (rate_limit.consistency; edgelimit sim --consistency overrides it).
+	// With bounded or strong the estimate plays no part but, for strong,
+	// when a key's home does not answer, so both rows decide nearly alike.
 	Consistency string `yaml:"consistency"`
 }
 
 // consistency returns the limit's consistency.
 func (l *Limit) consistency() (limit.Consistency, error) {
-	c, err := limit.ParseConsistency(l.Consistency)
-	if err == nil && c == limit.Strong {
-		err = fmt.Errorf("consistency strong is not available yet (want eventual or bounded)")
-	}
-	return c, err
+	return limit.ParseConsistency(l.Consistency)
 }
 
 // Spread says how a source's requests pick a PoP.

@@ -312,11 +312,15 @@ type run struct {
 	linkFree        [][]int64 // per pair of regions: when the link delivers its latest message (linkAt)
 	directFree      [][]int64 // per region and PoP, the same for the PoP's direct path (Scenario.Direct), nil without one
 	pubAt           []int64   // publish's scratch: per region, when the message arrives there
-	latencyNs       int64     // Σ added decision latency (centralized)
+	latencyNs       int64     // Σ added decision latency (centralized, strong)
+	latencyHist     []int64   // decisions by added latency, in latencyBucket steps; the last holds the rest
 	lastSweep       []int64
 	lastBitSweep    []int64
 
 	cores      []*core.Core      // per PoP, when replicated: the replication protocol
+	strongs    []*store.Strong   // per PoP, when the limit is strong: its home side and asker
+	popIndex   map[string]int    // PoP name → index
+	waited     int64             // the added latency of the decision being made
 	tickAt     []int64           // per PoP: when its scheduled evTick fires
 	urgent     []<-chan struct{} // per PoP: its store's near-limit news, nil when it has none
 	delivering *message          // the message being delivered, while its Ready is done
@@ -448,6 +452,13 @@ func runStrategy(sc *Scenario, top *topology, arrivals *reader, keys []string, t
 	r.req = pop.Request{Domain: simDomain, Descriptors: []pop.Descriptor{{Entries: []rules.Entry{{Key: simKey}}}}}
 	maxKeys := 2*len(keys) + 1024
 	consistency, _ := sc.Limit.consistency()
+	if consistency == limit.Strong && r.replicated {
+		r.strongs = make([]*store.Strong, n)
+		r.popIndex = map[string]int{}
+		for i, p := range top.pops {
+			r.popIndex[p] = i
+		}
+	}
 	newEngine := func(limit int64, scope rules.Scope, cfg store.MemoryConfig) (*pop.Engine, *store.Memory, error) {
 		s := spec
 		s.Limit = limit
@@ -463,6 +474,16 @@ func runStrategy(sc *Scenario, top *topology, arrivals *reader, keys []string, t
 		}
 		cfg.MaxKeys = maxKeys
 		m := store.NewMemory(cfg)
+		if r.strongs != nil && scope != rules.ScopePOP {
+			i := r.popIndex[cfg.Replica]
+			st, err := store.NewStrong(m, store.StrongConfig{Self: cfg.Replica, Region: top.regions[top.region[i]],
+				Regions: sc.regionMap(), Asker: &simAsker{r: r, from: i}, PartitionShare: sc.PartitionShare})
+			if err != nil {
+				return nil, nil, fmt.Errorf("simulate: %w", err)
+			}
+			r.strongs[i] = st
+			return pop.NewEngine(st, set, nil), m, nil
+		}
 		return pop.NewEngine(m, set, nil), m, nil
 	}
 	r.engines, r.stores = make([]*pop.Engine, n), make([]*store.Memory, n)
@@ -765,6 +786,7 @@ func (r *run) arrive(ctx context.Context, k, p int) error {
 	if r.strategy == Centralized {
 		clock = r.skew[0] // the central store decides on its own clock
 	}
+	r.waited = 0
 	if err := r.engines[p].CheckAt(ctx, Epoch.Add(time.Duration(now+clock)), &r.req, &r.res); err != nil {
 		return fmt.Errorf("simulate: %s at %v: %w", r.strategy, time.Duration(now), err)
 	}
@@ -788,8 +810,9 @@ func (r *run) arrive(ctx context.Context, k, p int) error {
 	}
 	r.oracle.decide(k, now, 1, r.res.Code == pop.OK)
 	if r.strategy == Centralized {
-		r.latencyNs += 2 * r.top.base[r.top.region[p]][0]
+		r.waited = 2 * r.top.base[r.top.region[p]][0]
 	}
+	r.addLatency(r.waited)
 	if r.replicated && r.share[p] < 1 {
 		r.reduced++
 	}
@@ -1042,6 +1065,12 @@ func (r *run) result() Result {
 	}
 	if o.decisions > 0 {
 		res.AddedLatency = time.Duration(r.latencyNs / o.decisions)
+		res.AddedLatencyP99 = r.latencyQuantile(0.99)
+	}
+	for _, s := range r.strongs {
+		if s != nil {
+			res.HomeUnreachable += int64(s.Stats().Unreachable)
+		}
 	}
 	return res
 }

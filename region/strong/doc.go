@@ -5,8 +5,8 @@
 // The package is pure: it reads no clock, does no IO, starts no goroutines
 // and holds no randomness. Instants and durations are arguments (unix
 // nanoseconds, nanoseconds); messages are values it encodes, decodes and
-// checks. It imports the standard library only. Its one stateful type, RTT,
-// is not safe for concurrent use.
+// checks. Its one stateful type, RTT, is not safe for concurrent use. It
+// imports the standard library and region (the partition share).
 //
 // # Home
 //
@@ -34,6 +34,9 @@
 // the home cannot be reached at all, Unreachable applies the limit's own
 // partition policy, the one every region or global limit follows: a
 // fail_closed limit denies; any other is decided on the PoP's local
-// knowledge, the counts replicated to it, at the partition share its
-// replication core sets while its region is cut off (region.Share).
+// knowledge as an eventual limit of its scope: every PoP also counts the
+// strong admissions it served in its replicated counts, so a PoP cut off
+// from the home knows the window up to the cut. A global limit is then
+// held to the partition share (region.Share): the share the replication
+// core sets once it sees the cut, and LocalShare before.
 package strong

@@ -1,5 +1,7 @@
 package strong
 
+import "github.com/edgelimit/edgelimit/region"
+
 // Fallback is what a PoP does with a check whose home did not answer.
 type Fallback uint8
 
@@ -30,4 +32,15 @@ func Unreachable(failClosed bool) Fallback {
 		return Deny
 	}
 	return Local
+}
+
+// LocalShare is the part of a global limit a PoP enforces on local
+// knowledge while the home of a key does not answer and its replication
+// core has not yet found any region cut off (engine share 1): the share
+// region.Share gives the regions it can still reach when the home's region
+// alone is lost, of regions in all, with the operator's per-region share
+// (0: reachable over total). Once the core sees the cut, its own share,
+// which the engine applies to every global limit, takes over.
+func LocalShare(regions int, perRegion float64) float64 {
+	return region.Share(regions-1, regions, perRegion)
 }

@@ -118,6 +118,37 @@ func TestRTTTimeout(t *testing.T) {
 	}
 }
 
+func TestRTTLeavesALostHomeAlone(t *testing.T) {
+	const ms = int64(1e6)
+	r := RTT{Floor: 100 * ms, Initial: 100 * ms, MaxBackoff: 350 * ms}
+	if to, ok := r.Ask(0); !ok || to != 100*ms {
+		t.Fatalf("fresh: Ask = %d, %v", to, ok)
+	}
+	r.Lost(0)
+	if _, ok := r.Ask(99 * ms); ok {
+		t.Error("asked 99 ms after a loss, within the pause of one timeout")
+	}
+	if _, ok := r.Ask(100 * ms); !ok {
+		t.Error("not asked once the pause of one timeout ended")
+	}
+	r.Lost(100 * ms) // pause 200 ms
+	if _, ok := r.Ask(299 * ms); ok {
+		t.Error("the second loss in a row did not double the pause")
+	}
+	r.Lost(300 * ms) // 400, bounded to 350
+	if _, ok := r.Ask(650 * ms); !ok {
+		t.Error("the pause passed MaxBackoff")
+	}
+	r.Observe(10 * ms)
+	if _, ok := r.Ask(651 * ms); !ok {
+		t.Error("a reply did not end the pause")
+	}
+	r.Lost(700 * ms)
+	if _, ok := r.Ask(700*ms + r.Timeout()); !ok {
+		t.Error("after a reply, the next loss did not start again from one timeout")
+	}
+}
+
 func TestUnreachable(t *testing.T) {
 	if Unreachable(true) != Deny || Unreachable(false) != Local {
 		t.Errorf("fail_closed → %v, otherwise → %v", Unreachable(true), Unreachable(false))
