@@ -105,6 +105,14 @@ func startQuotas(ctx context.Context, cfg Config, eng *pop.Engine, reg prometheu
 			func() float64 { return float64(idx.Len()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "edgelimit_quotas_version", Help: "The quota store version (last audit id) this PoP enforces."},
 			func() float64 { return float64(idx.Version()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "edgelimit_quota_store_up",
+			Help: "1 while the quota store answers this PoP's reads (at start, then every poll and change); 0 while it does not: the quotas last read (or the snapshot file's) stay in force, and quota changes do not arrive."},
+			func() float64 {
+				if syncer.Reachable() {
+					return 1
+				}
+				return 0
+			}),
 	)
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})

@@ -39,10 +39,16 @@ type Syncer struct {
 	Synced func(version int64)
 
 	loaded atomic.Bool // the index reflects the store (not only the file)
+	down   atomic.Bool // the last read of the store failed
 	saving atomic.Bool
 	savedV atomic.Int64 // the version last written to SnapshotPath
 	saves  sync.WaitGroup
 }
+
+// Reachable reports whether the last read of the store (the load at start,
+// then each sync) succeeded; while it is false the quotas last read (or the
+// snapshot file's) stay in force.
+func (s *Syncer) Reachable() bool { return !s.down.Load() }
 
 // Loaded reports whether the index has been loaded from the store itself
 // (false while it holds only the snapshot file's quotas).
@@ -64,6 +70,7 @@ func (s *Syncer) Start(ctx context.Context, timeout time.Duration) error {
 	defer cancel()
 	defer bulkLoad()()
 	err := s.full(lctx)
+	s.down.Store(err != nil)
 	if err == nil {
 		return nil
 	}
@@ -191,15 +198,7 @@ func (s *Syncer) Run(ctx context.Context) {
 	defer func() { <-listening }()
 	go func() {
 		defer close(listening)
-		for ctx.Err() == nil {
-			if err := s.Store.Watch(ctx, changed); err != nil {
-				s.log().Warn("quotas: change notifications failed; polling until they work again", "err", err)
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Second):
-			}
-		}
+		s.watch(ctx, changed)
 	}()
 	poll := s.Poll
 	if poll <= 0 {
@@ -223,10 +222,12 @@ func (s *Syncer) Run(ctx context.Context) {
 			s.Index.Compact()
 			continue
 		}
-		if err := s.step(ctx); err != nil {
-			if ctx.Err() != nil {
-				return
-			}
+		err := s.step(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		s.down.Store(err != nil)
+		if err != nil {
 			if !failing {
 				s.log().Error("quotas: cannot read the store; the last quotas stay in force", "err", err)
 			}
@@ -239,6 +240,58 @@ func (s *Syncer) Run(ctx context.Context) {
 		failing = false
 		if s.Index.Pending() > 0 {
 			compact.Reset(compactAfter)
+		}
+	}
+}
+
+// Bounds of the listener's restarts (watch).
+const (
+	watchRetryMin = time.Second
+	watchRetryMax = 30 * time.Second
+	// watchLogEvery is how often a listener that keeps failing is logged
+	// again (with the count of failures since).
+	watchLogEvery = 5 * time.Minute
+)
+
+// watch runs the store's listener until ctx ends, restarting it when it
+// fails: after watchRetryMin, doubling up to watchRetryMax while it keeps
+// failing, so that a store that is down costs a connection attempt every
+// watchRetryMax, not every second. A listener that ran for watchRetryMax
+// before it failed counts as having worked: the next retry waits
+// watchRetryMin. A run of failures is logged at its first, every
+// watchLogEvery while it lasts, and when the listener works again; the poll
+// (Run) keeps the quotas current meanwhile.
+func (s *Syncer) watch(ctx context.Context, changed func()) {
+	wait := watchRetryMin
+	var failures int
+	var logged time.Time
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := s.Store.Watch(ctx, changed)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(start) >= watchRetryMax {
+			if failures > 0 {
+				s.log().Info("quotas: change notifications work again", "failures", failures)
+			}
+			wait, failures = watchRetryMin, 0
+		}
+		if err != nil {
+			failures++
+			if failures == 1 || time.Since(logged) >= watchLogEvery {
+				logged = time.Now()
+				s.log().Warn("quotas: change notifications failed; polling until they work again", "err", err,
+					"failures", failures, "retry_in", wait.String())
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		if err != nil {
+			wait = min(2*wait, watchRetryMax)
 		}
 	}
 }
