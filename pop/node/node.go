@@ -327,8 +327,9 @@ func Run(ctx context.Context, cfg Config) error {
 		}, eng.GlobalShare))
 		go every(time.Second, ctx.Done(), func(now int64) { mit.Sweep(now) })
 	}
+	warned := map[string]bool{} // the limits warnScopes has named: each once
 	if cfg.Replica == "" {
-		warnScopes(log, set)
+		warnScopes(log, set, warned)
 	}
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -406,7 +407,7 @@ func Run(ctx context.Context, cfg Config) error {
 				log.Warn("rules: " + w.String())
 			}
 			if cfg.Replica == "" {
-				warnScopes(log, s)
+				warnScopes(log, s, warned)
 			}
 			eng.SetRules(s)
 		},
@@ -685,8 +686,6 @@ func registerMemory(reg prometheus.Registerer, mem *store.Memory) {
 	)
 }
 
-// warnScopes says plainly that region and global limits count this PoP alone
-// while it has no replication.
 // incarnation is store.MemoryConfig.Incarnation for a PoP started at now
 // with data directory dir: now, unless dir holds no saved state yet (the
 // durable state's "state" directory, see cmd/edgelimit): a PoP that never
@@ -719,9 +718,14 @@ func (cfg *Config) checkStore(set *rules.Set) error {
 	return nil
 }
 
-func warnScopes(log *slog.Logger, set *rules.Set) {
+// warnScopes says plainly that region and global limits count this PoP alone
+// while it has no replication: once for each limit, named by domain and name,
+// that warned does not hold yet (a reload of the same rules says nothing new).
+// It records those it names in warned; callers run it one at a time.
+func warnScopes(log *slog.Logger, set *rules.Set, warned map[string]bool) {
 	for _, l := range set.Limits() {
-		if l.Scope != rules.ScopePOP {
+		if id := l.Domain + "\x00" + l.Name; l.Scope != rules.ScopePOP && !warned[id] {
+			warned[id] = true
 			log.Warn("limit has scope "+l.Scope.String()+" but this PoP does not replicate yet: it counts this PoP's hits only",
 				"domain", l.Domain, "limit", l.Name)
 		}

@@ -252,3 +252,35 @@ func grep(text, substr string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// A PoP without replication warns once per region or global limit, however
+// often the rules are loaded; a limit that appears later gets its own warning.
+func TestWarnScopesOncePerLimit(t *testing.T) {
+	load := func(yaml string) *rules.Set {
+		t.Helper()
+		f := filepath.Join(t.TempDir(), "rules.yaml")
+		if err := os.WriteFile(f, []byte(yaml), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		set, _, err := rules.Load(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return set
+	}
+	one := "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 10, scope: global}\n" +
+		"  - key: p\n    rate_limit: {unit: second, requests_per_unit: 10}\n"
+	two := one + "  - key: b\n    rate_limit: {unit: second, requests_per_unit: 10, scope: region}\n"
+	var buf strings.Builder
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	warned := map[string]bool{}
+	warnScopes(log, load(one), warned) // the start
+	warnScopes(log, load(one), warned) // the watcher's first read of the same files
+	if n := strings.Count(buf.String(), "does not replicate yet"); n != 1 {
+		t.Fatalf("%d warnings for one global limit loaded twice, want 1:\n%s", n, buf.String())
+	}
+	warnScopes(log, load(two), warned)
+	if n := strings.Count(buf.String(), "does not replicate yet"); n != 2 || !strings.Contains(buf.String(), "scope region") {
+		t.Fatalf("%d warnings after a region limit was added, want 2:\n%s", n, buf.String())
+	}
+}
