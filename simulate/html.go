@@ -43,7 +43,7 @@ func (rep Report) WriteHTML(w io.Writer) error {
 		Scenario: rep.Scenario,
 		Facts:    rep.htmlFacts(),
 		Table:    table.String(),
-		Rate:     rep.htmlRateChart(),
+		Rate:     rep.htmlRateCharts(),
 		Over:     rep.htmlOvershootChart(),
 		Tracked:  rep.Tracked,
 		Unit:     rep.Unit,
@@ -64,7 +64,8 @@ type htmlPage struct {
 	Scenario   string
 	Facts      []string
 	Table      string
-	Rate, Over svgChart
+	Rate       []svgChart
+	Over       svgChart
 	Tracked    string
 	Unit, Step string
 	Counts     overshootTable
@@ -257,18 +258,62 @@ func (c *svgChart) note(msg string) {
 	c.Texts = append(c.Texts, svgText{Class: "note", X: svgCoord(plotLeft + plotW/2), Y: svgCoord(plotTop + plotH/2), Anchor: "middle", Text: msg})
 }
 
-// htmlRateChart plots each strategy's Series: one polyline per strategy with
-// samples, a point at the middle of each SeriesStep, against a dashed line at
-// the limit.
-func (rep Report) htmlRateChart() svgChart {
+// farOver is how far over the limit a strategy's peak must go for the rate
+// chart to draw it in a panel of its own: on one axis with the limit at a
+// third of the height or less, the strategies that hold the limit would lie
+// flat on the dashed line, where no one can tell them apart.
+const farOver = 3
+
+// seriesPeak is the most r's Series admitted in one window.
+func seriesPeak(r Result) int64 {
+	var p int64
+	for _, v := range r.Series {
+		p = max(p, v)
+	}
+	return p
+}
+
+// htmlRateCharts plots each strategy's Series against the limit: one panel
+// for the strategies that stay within farOver × the limit, and, when some go
+// further (local-only under a sprayer admits a limit per PoP), a second panel
+// for those, each panel's axis scaled to its own strategies.
+func (rep Report) htmlRateCharts() []svgChart {
+	near := func(r Result) bool { return float64(seriesPeak(r)) <= farOver*float64(rep.Limit) }
+	far := func(r Result) bool { return !near(r) }
+	some := func(keep func(Result) bool) bool {
+		for _, r := range rep.Results {
+			if keep(r) && len(r.Series) > 0 {
+				return true
+			}
+		}
+		return false
+	}
+	if rep.Limit <= 0 || !some(near) || !some(far) {
+		return []svgChart{rep.htmlRateChart(func(Result) bool { return true }, "")}
+	}
+	return []svgChart{
+		rep.htmlRateChart(near, fmt.Sprintf("strategies within %d× the limit", farOver)),
+		rep.htmlRateChart(far, fmt.Sprintf("strategies past %d× the limit, on their own scale", farOver)),
+	}
+}
+
+// htmlRateChart plots the Series of the strategies keep selects: one
+// polyline per strategy with samples, a point at the middle of each
+// SeriesStep, against a dashed line at the limit; edgelimit's line is drawn
+// last, on top. panel, when set, names the selection in the axis title.
+func (rep Report) htmlRateChart(keep func(Result) bool, panel string) svgChart {
 	c := svgChart{Title: "admitted hits per window of the tracked key over time, against the limit"}
+	if panel != "" {
+		c.Title += ": " + panel
+	}
 	n := 0
 	peak := float64(rep.Limit)
 	for _, r := range rep.Results {
-		n = max(n, len(r.Series))
-		for _, v := range r.Series {
-			peak = max(peak, float64(v))
+		if !keep(r) {
+			continue
 		}
+		n = max(n, len(r.Series))
+		peak = max(peak, float64(seriesPeak(r)))
 	}
 	// Time: SeriesStep per sample; without one, spread the samples over
 	// the run (or one second each when that is unknown too).
@@ -290,14 +335,30 @@ func (rep Report) htmlRateChart() svgChart {
 	if rep.Tracked != "" {
 		key = "key " + strconv.Quote(rep.Tracked)
 	}
-	c.frame(ya, "hits of "+key+" admitted in one window (requests)", "simulated time (s)")
+	yTitle := "hits of " + key + " admitted in one window (requests)"
+	if panel != "" {
+		yTitle += " — " + panel
+	}
+	c.frame(ya, yTitle, "simulated time (s)")
 	for _, v := range xa.ticks() {
 		x := svgCoord(xa.x(v))
 		c.Lines = append(c.Lines, svgLine{Class: "xtick", X1: x, Y1: svgCoord(plotBottom), X2: x, Y2: svgCoord(plotBottom + 4)})
 		c.Texts = append(c.Texts, svgText{Class: "tick", X: x, Y: svgCoord(plotBottom + 17), Anchor: "middle", Text: htmlNum(v, xa.Decimals)})
 	}
+	order := make([]int, 0, len(rep.Results)) // edgelimit last: drawn over the others
 	for i, r := range rep.Results {
-		if len(r.Series) == 0 {
+		if r.Strategy != "edgelimit" {
+			order = append(order, i)
+		}
+	}
+	for i, r := range rep.Results {
+		if r.Strategy == "edgelimit" {
+			order = append(order, i)
+		}
+	}
+	for _, i := range order {
+		r := rep.Results[i]
+		if len(r.Series) == 0 || !keep(r) {
 			continue
 		}
 		var pts strings.Builder
@@ -323,6 +384,9 @@ func (rep Report) htmlRateChart() svgChart {
 	c.legend(rep, func(r Result) string {
 		if len(r.Series) == 0 {
 			return "(no data)"
+		}
+		if !keep(r) {
+			return "(other panel)"
 		}
 		// A line hidden under an identical one would otherwise be missed.
 		for _, o := range rep.Results {
@@ -494,7 +558,7 @@ table.counts th:first-child, table.counts td:first-child { text-align: left; }
 <pre>{{.Table}}</pre>
 
 <h2>Admitted rate against the limit</h2>
-{{template "chart" .Rate}}
+{{range .Rate}}{{template "chart" .}}{{end}}
 <p>How to read this: each line follows one strategy through the run. For every {{if .Step}}{{.Step}} of simulated time{{else}}sample{{end}} it plots the most hits of {{if .Tracked}}the key “{{.Tracked}}”{{else}}the tracked key{{end}} that the strategy had admitted within one limit window (one {{.Unit}}) ending in that stretch. The dashed line is the limit. A line above it means the strategy let more through than the limit allows, and the gap is the overshoot; a line below it while clients send more than the limit means the strategy denied requests it could have admitted. An exact limiter would sit on the dashed line.</p>
 
 <h2>How far windows went over the limit</h2>

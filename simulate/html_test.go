@@ -134,10 +134,17 @@ func TestHTMLCharts(t *testing.T) {
 		t.Fatalf("%d polylines, want one per strategy (%d)", len(polys), len(rep.Results))
 	}
 	colors := map[string]bool{}
+	byName := map[string]Result{}
+	for _, r := range rep.Results {
+		byName[r.Strategy] = r
+	}
+	if last := polys[len(polys)-1].attrs["data-strategy"]; last != "edgelimit" {
+		t.Fatalf("the last polyline drawn is %q; edgelimit's must be on top", last)
+	}
 	for i, p := range polys {
-		r := rep.Results[i]
-		if p.attrs["data-strategy"] != r.Strategy {
-			t.Fatalf("polyline %d is %q, want %q", i, p.attrs["data-strategy"], r.Strategy)
+		r, ok := byName[p.attrs["data-strategy"]]
+		if !ok {
+			t.Fatalf("polyline %d is %q, no strategy of the report", i, p.attrs["data-strategy"])
 		}
 		pts := strings.Fields(p.attrs["points"])
 		if len(pts) != len(r.Series) {
@@ -315,5 +322,45 @@ func TestHTMLDeterministic(t *testing.T) {
 		if err := os.WriteFile(out, pa, 0o644); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestHTMLRatePanels: a strategy far over the limit (local-only under a
+// sprayer) gets a panel of its own, so the others are drawn on an axis scaled
+// to them, not flattened onto the limit line under its peak.
+func TestHTMLRatePanels(t *testing.T) {
+	rep := syntheticHTMLReport() // every strategy peaks at 200, twice the limit of 100
+	for i := range rep.Results {
+		if rep.Results[i].Strategy == "local-only" {
+			rep.Results[i].Series = []int64{4000, 3900, 4000}
+		}
+	}
+	els := parseHTML(t, renderHTML(t, rep))
+	if n := len(findElements(els, "svg", "")); n != 3 {
+		t.Fatalf("%d svg charts, want 3: two rate panels and the overshoot chart", n)
+	}
+	polys := findElements(els, "polyline", "")
+	if len(polys) != len(rep.Results) {
+		t.Fatalf("%d polylines, want one per strategy (%d)", len(polys), len(rep.Results))
+	}
+	// The first panel's strategies peak at 200, and its axis tops there: a
+	// sample of 200 is at the top of the plot, not at a twentieth of it.
+	for _, p := range polys[:len(polys)-1] {
+		if p.attrs["data-strategy"] == "local-only" {
+			t.Fatalf("local-only is drawn in the first panel, among the strategies near the limit")
+		}
+		first := strings.Fields(p.attrs["points"])[0]
+		if y := parseCoord(t, strings.Split(first, ",")[1]); y != plotTop {
+			t.Fatalf("%s: its peak of 200 is at y %v, want the top %d", p.attrs["data-strategy"], y, plotTop)
+		}
+	}
+	if polys[len(polys)-2].attrs["data-strategy"] != "edgelimit" {
+		t.Fatalf("edgelimit is not drawn last in its panel")
+	}
+	if last := polys[len(polys)-1]; last.attrs["data-strategy"] != "local-only" {
+		t.Fatalf("the second panel draws %q, want local-only alone", last.attrs["data-strategy"])
+	}
+	if n := len(findElements(els, "line", "limit")); n != 2 {
+		t.Fatalf("%d limit lines, want one per rate panel", n)
 	}
 }
