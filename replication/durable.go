@@ -199,7 +199,7 @@ func (m *maxValue) Finish(includesBase bool) ([]byte, io.Closer, error) {
 // replicate: its directory holds only saved states (SaveStates), and a PoP
 // given a replica name later adopts it. OpenDB fails with ErrReplicaMismatch
 // when dir holds another replica's state, with ErrCorrupt — naming the
-// damaged file and the way out (ErrCorrupt's message, README "Durability")
+// damaged file and the way out (ErrCorrupt's message, docs/durability.md)
 // — when Pebble finds a damaged WAL, table or MANIFEST, when the WAL lost
 // saves that were on disk (the save marker, saveMarker), or when dir was
 // written in an unknown format. On a disk already full (less free than

@@ -7,7 +7,7 @@ import "github.com/edgelimit/edgelimit/replication/core"
 // only grow, so in steady state this changes nothing (crdt.Local.Restore
 // raises no count, and marks nothing for the next flush). It matters after
 // the PoP lost its durable state — a damaged data directory moved aside, as
-// README "Durability" says: the PoP then consumes the stream from its start
+// docs/durability.md says: the PoP then consumes the stream from its start
 // and, within the stream's retention (which keeps every window still
 // counting), gets back what it published before, so it never publishes lower
 // counts than before under its name, and its new hits count on top of the

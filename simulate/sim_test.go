@@ -287,7 +287,7 @@ func TestMitigationDelayBound(t *testing.T) {
 
 // TestWorldScale runs world.yaml — 10 PoPs in 5 regions 60–150 ms apart, 1%
 // loss, a 5× sprayer of a 100/s global limit — and holds edgelimit to what
-// it measured when its estimate was built (README, "Global limits at world
+// it measured when its estimate was built (docs/accuracy-log.md, "Global limits at world
 // scale"), and to no more false denials than one central store.
 func TestWorldScale(t *testing.T) {
 	sc := load(t, "world.yaml")

@@ -27,7 +27,7 @@ type LedgerLimit struct {
 	// itself. Otherwise (eventual) the stated bound is the limit plus what
 	// the other PoPs admitted within Staleness before a decision: one flush
 	// interval plus the news's way between regions, which no PoP can have
-	// heard (README, "the others admit within one network delay").
+	// heard (docs/accuracy-log.md, "the others admit within one network delay").
 	Bounded   bool
 	Staleness time.Duration
 }

@@ -45,7 +45,7 @@ type PoPInfo struct {
 	Redis        bool
 }
 
-// Bounds are the parameters the README's bounds are stated in.
+// Bounds are the parameters the docs' bounds are stated in.
 type Bounds struct {
 	Window        time.Duration // every class's window
 	FlushInterval time.Duration // --flush-interval: what a kill -9 may lose
@@ -122,7 +122,7 @@ func entityOf(scope string, p PoPInfo) string {
 func inScope(scope, entity string, p PoPInfo) bool { return entityOf(scope, p) == entity }
 
 // Check computes the ledger: for every (class, key, scope entity, window)
-// the admissions counted, checked against the bound the README states for
+// the admissions counted, checked against the bound the docs state for
 // the faults that touched that window (see deploy/soak/README.md).
 func Check(classes []Class, pops []PoPInfo, decisions []Decision, faults []Fault, b Bounds, errors int) *Ledger {
 	w := b.Window.Nanoseconds()
@@ -137,7 +137,7 @@ func Check(classes []Class, pops []PoPInfo, decisions []Decision, faults []Fault
 	groups := map[gkey][]int{} // indexes of admitted decisions
 	led := &Ledger{Decisions: len(decisions), Errors: errors, Faults: faults}
 	// The load's first, partial window is its keys' cold start, which the
-	// README leaves out of its bound ("plus a key's very first messages,
+	// docs/accuracy-log.md leaves out of its bound ("plus a key's very first messages,
 	// before any rate can be measured"): it is reported apart, not checked.
 	start := int64(math.MaxInt64)
 	for _, d := range decisions {
@@ -201,7 +201,7 @@ func Check(classes []Class, pops []PoPInfo, decisions []Decision, faults []Fault
 			bound := c.Limit
 			inWin := wins[win]
 			// A kill -9 loses what the PoP admitted in its last flush interval
-			// (README, Durability): the restarted PoP may admit that again.
+			// (docs/durability.md): the restarted PoP may admit that again.
 			for _, f := range faults {
 				if f.Kind != "pop-kill9" || f.Down-b.FlushInterval.Nanoseconds() >= e || f.Up < a {
 					continue
@@ -221,7 +221,7 @@ func Check(classes []Class, pops []PoPInfo, decisions []Decision, faults []Fault
 			if c.Scope != "pop" {
 				// Outside faults: limit + what the other PoPs of the scope
 				// admitted within one staleness before the window's last
-				// admission (README, "Partitions": "what each side admits
+				// admission (docs/replication.md, "Partitions": "what each side admits
 				// within one flush interval plus propagation").
 				last := -1
 				for _, i := range inWin {
@@ -247,7 +247,7 @@ func Check(classes []Class, pops []PoPInfo, decisions []Decision, faults []Fault
 				r.Strict = bound
 				// A NATS server down cuts its region's PoPs from each other and
 				// from the other regions: until that is noticed "k sides admit
-				// up to k limits per window" (README, Partitions).
+				// up to k limits per window" (docs/replication.md, Partitions).
 				for _, f := range faults {
 					if f.Kind != "nats-restart" || f.Down >= e || f.Up+b.NATSRecovery.Nanoseconds() < a {
 						continue
@@ -276,9 +276,9 @@ func Check(classes []Class, pops []PoPInfo, decisions []Decision, faults []Fault
 				// "the embedded store goes on from Redis' last word, not from
 				// zero; when Redis comes back — or comes back empty — [...] the
 				// PoP decides on its own knowledge and gives Redis the missing
-				// hits" (README, Durability, Redis); and while it is away, region
+				// hits" (docs/durability.md, Redis); and while it is away, region
 				// and global limits are decided on the Redis store's own counts
-				// of every PoP, which it publishes and puts back (README,
+				// of every PoP, which it publishes and puts back (docs/durability.md,
 				// "Region and global keys on Redis"). Each Redis here serves one
 				// server, so "hits other servers admitted on their own while
 				// Redis was away" are none.

@@ -1,7 +1,7 @@
 // Package soak runs edgelimit under mixed load and faults on real processes
 // on loopback — 2 regions × 2 PoPs, a nats-server per region linked as
 // deploy/nats shows, one redis-server used by one PoP of each region — and
-// checks a ledger of every decision against the bounds the README states
+// checks a ledger of every decision against the bounds the docs state
 // (deploy/soak/README.md). It is a documented command (make soak),
 // not part of CI.
 package soak
@@ -82,7 +82,7 @@ func (c *Config) defaults() {
 	}
 }
 
-// The PoPs' timing flags (the README's defaults, named so the ledger's
+// The PoPs' timing flags (the documented defaults, named so the ledger's
 // bounds use the same values).
 const (
 	flushInterval    = 100 * time.Millisecond

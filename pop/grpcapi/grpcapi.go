@@ -131,7 +131,7 @@ type state struct {
 // calls in flight, that copying was a fifth of the PoP's CPU (profile of
 // 64 h2load streams, hot key), and the PoP spent about 14 µs of CPU a call.
 // With 64 workers the copying left the profile and a call took about 11 µs
-// (same minute; README, gRPC speed). The pool is not per core: it is the
+// (same minute; docs/performance.md, gRPC speed). The pool is not per core: it is the
 // calls in flight a PoP expects from its Envoys. More workers than calls
 // cost little more than their idle stacks, but each then serves fewer
 // calls, and the garbage collector shrinks an idle worker's stack, which

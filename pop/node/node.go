@@ -692,7 +692,7 @@ func registerMemory(reg prometheus.Registerer, mem *store.Memory) {
 // saved anything never admitted anything before this process, so no window
 // began before its incarnation, and a new deployment's PoPs start every
 // bounded window with their shares rather than none. A PoP whose disk was
-// lost counts as new: that is the operator's to avoid (see README).
+// lost counts as new: that is the operator's to avoid (see docs/durability.md).
 func incarnation(dir string, now time.Time) int64 {
 	if dir != "" {
 		if _, err := os.Stat(filepath.Join(dir, "state")); errors.Is(err, fs.ErrNotExist) {

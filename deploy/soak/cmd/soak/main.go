@@ -1,6 +1,6 @@
 // Command soak runs edgelimit's soak: 2 regions × 2 PoPs, NATS and Redis on
 // loopback, mixed load with PoP kill -9s, Redis and NATS restarts, and a
-// ledger of every decision checked against the README's bounds. It exits 1
+// ledger of every decision checked against the documented bounds. It exits 1
 // when a bound was broken, 2 when the soak could not run. See
 // deploy/soak/README.md.
 package main
