@@ -48,7 +48,9 @@ type Postgres struct {
 
 // NewPostgres returns the store of the database at url (postgres://…)
 // without connecting: a PoP starts while PostgreSQL is down. The first call
-// that reaches the database applies the embedded migrations it lacks.
+// that reaches the database applies the embedded migrations it lacks; when
+// it lacks none it only reads, so a PoP's role needs no more than SELECT on
+// a database an operator (or a first PoP with CREATE rights) migrated.
 func NewPostgres(url string) (*Postgres, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -99,6 +101,9 @@ func (p *Postgres) migrate(ctx context.Context) error {
 		return err
 	}
 	slices.Sort(names)
+	if ok, err := p.current(ctx, names); err == nil && ok {
+		return nil
+	}
 	return pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(writeLock)); err != nil {
 			return fmt.Errorf("quota: migrations: %w", err)
@@ -127,6 +132,32 @@ func (p *Postgres) migrate(ctx context.Context) error {
 		}
 		return nil
 	})
+}
+
+// current reports whether the database has every migration of names
+// applied, with reads only: a PoP whose role may only read (no CREATE on the
+// schema, no write to quota_migrations) starts on a database an operator
+// migrated. An error (the table is not readable) leaves the answer to
+// migrate's own attempt, which then names what failed.
+func (p *Postgres) current(ctx context.Context, names []string) (bool, error) {
+	var table *string
+	if err := p.pool.QueryRow(ctx, `SELECT to_regclass('quota_migrations')::text`).Scan(&table); err != nil || table == nil {
+		return false, err
+	}
+	rows, err := p.pool.Query(ctx, `SELECT name FROM quota_migrations`)
+	if err != nil {
+		return false, err
+	}
+	applied, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return false, err
+	}
+	for _, n := range names {
+		if !slices.Contains(applied, n) {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // selectRows reads quota rows with NULL numbers and units as zero values,
