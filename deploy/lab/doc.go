@@ -41,7 +41,7 @@
 //
 // After the scenario's traffic the lab drives traffic shapes itself
 // (Shapes: paced, a burst of 300 checks in 0.1 s over every server, one
-// client alternating two PoPs of two regions), each on a key of its own of
+// client alternating two PoPs of two regions, Config.AlternateGap apart), each on a key of its own of
 // a global limit of 100 per hour with the consistency asked for (bounded
 // only on embedded PoPs: a PoP on Redis refuses it, and so does NewPlan).
 // Every decision is recorded with its send and answer times, and the

@@ -73,6 +73,11 @@ type Config struct {
 	// (eventual when ""; bounded only on a layout of embedded PoPs).
 	Shapes      []string
 	Consistency string
+	// AlternateGap is how long the alternating client waits after each
+	// answer: a client's round trip to a PoP, which the lab's own link to
+	// the PoPs does not have (0: back to back, the 100 checks over in a few
+	// ms, before any news crosses a region).
+	AlternateGap time.Duration
 	// PoPEnv is added to every PoP's environment: the place for per-PoP
 	// credentials (EDGELIMIT_NATS_CREDS, …) once the configs take them.
 	PoPEnv func(pop string) []string

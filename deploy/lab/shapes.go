@@ -26,9 +26,9 @@ const (
 	// every PoP server.
 	ShapeBurst = "burst"
 	// ShapeAlternate: one client sending AlternateChecks checks back to
-	// back, each after the previous one's answer, alternating between the
-	// first server of the first PoP of the first two regions. An exact
-	// limiter admits every one.
+	// back (Config.AlternateGap after the previous one's answer),
+	// alternating between the first server of the first PoP of the first
+	// two regions. An exact limiter admits every one.
 	ShapeAlternate = "alternate"
 )
 
@@ -144,7 +144,7 @@ func (l *lab) runShapes(ctx context.Context) ([]ShapeResult, error) {
 		case ShapeAlternate:
 			pair := []Host{l.plan.Regions[0].PoPs[0], l.plan.Regions[min(1, len(l.plan.Regions)-1)].PoPs[0]}
 			for i := range AlternateChecks {
-				if ctx.Err() != nil {
+				if i > 0 && sleep(ctx, l.cfg.AlternateGap) != nil {
 					break
 				}
 				one(pair[i%2])

@@ -60,6 +60,7 @@ func main() {
 	servers := flag.Int("servers", 2, "servers per Redis PoP, under the PoP's name on its one Redis, all taking traffic")
 	shapes := flag.String("shapes", "all", "traffic shapes after the scenario: paced, burst, alternate (comma-separated), all, or \"\" for none")
 	consistency := flag.String("consistency", "eventual", "the shapes' global limit's consistency: eventual, or bounded (embedded PoPs only: -store embedded)")
+	gap := flag.Duration("alternate-gap", 0, "the alternating client's wait after each answer, standing for its round trip to a PoP (0: back to back)")
 	flag.Usage = func() { fmt.Fprint(os.Stderr, usage); flag.PrintDefaults() }
 	flag.Parse()
 	// -direct, when given, overrides the scenario's field either way.
@@ -78,7 +79,7 @@ func main() {
 		err = lab.BoundedOn(lay, *consistency)
 	}
 	if err == nil {
-		err = run(*scenario, *perRegion, *duration, forceDirect, lay, sh, *consistency, *faults, *prom, *dir, *teardown)
+		err = run(*scenario, *perRegion, *duration, forceDirect, lay, sh, *consistency, *gap, *faults, *prom, *dir, *teardown)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "lab:", err)
@@ -87,7 +88,7 @@ func main() {
 }
 
 // run runs the lab; direct, when not nil, sets the scenario's Direct.
-func run(scenario string, perRegion int, duration time.Duration, direct *bool, lay lab.Layout, shapes []string, consistency string, faults bool, prom, dir string, teardownOnly bool) error {
+func run(scenario string, perRegion int, duration time.Duration, direct *bool, lay lab.Layout, shapes []string, consistency string, gap time.Duration, faults bool, prom, dir string, teardownOnly bool) error {
 	if teardownOnly {
 		return lab.Teardown()
 	}
@@ -135,7 +136,7 @@ func run(scenario string, perRegion int, duration time.Duration, direct *bool, l
 	}
 	redis, _ := exec.LookPath("redis-server") // Run says so when the layout needs it
 	rep, err := lab.Run(ctx, lab.Config{Plan: plan, Root: root, Edgelimit: bin, NATSServer: natsBin, RedisServer: redis,
-		Shapes: shapes, Consistency: consistency,
+		Shapes: shapes, Consistency: consistency, AlternateGap: gap,
 		Dir: dir, Log: os.Stderr, Faults: faults, Prometheus: prom, AlertPhase: prom != ""})
 	if err != nil {
 		return fmt.Errorf("%w (logs in %s)", err, dir)
