@@ -6,7 +6,8 @@ import (
 	"runtime/debug"
 )
 
-// defaultGCPercent is the PoP's garbage collection target (--gc-percent).
+// defaultGCPercent is the PoP's garbage collection target (--gc-percent)
+// unless configured: 0, Go's own (GOGC's default of 100).
 //
 // The model: a collection cycle marks the live heap, and one starts each
 // time the program has allocated GOGC% of the live heap since the last. A
@@ -18,15 +19,15 @@ import (
 //	= bytes a request allocates × 100/GOGC,
 //
 // whatever the number of keys. That work is taken from the requests being
-// served when it runs — a quarter of the cores for the mark workers, and
-// assists charged to the goroutines that allocate while it marks — which
-// is where the tail of a steady rate comes from once the decision itself
-// costs little (docs/performance-redis.md). Four times Go's default
-// quarters the cycles and their work per request; the price is memory:
-// the heap may grow to five times the live heap between cycles instead of
-// twice, e.g. about 750 MB instead of 300 MB for a full default --max-keys
-// table (about 150 MB live).
-const defaultGCPercent = 400
+// served while it runs — a quarter of the cores for the mark workers, and
+// assists charged to the goroutines that allocate while it marks. A higher
+// target divides it, and the cycles, by GOGC/100; the price is memory: the
+// heap may grow to (1 + GOGC/100) × the live heap between cycles, which a
+// full default --max-keys table (about 150 MB live) makes 750 MB at 400
+// against 300 MB at Go's 100. How much of the tail of a steady rate it
+// removes depends on how busy the cores are (docs/performance-redis.md),
+// so the default keeps Go's memory bound.
+const defaultGCPercent = 0
 
 // setGCPercent sets the garbage collection target to percent, unless
 // percent is 0 (Go's default, 100) or the environment's GOGC sets it (Go's

@@ -16,11 +16,11 @@ func TestSetGCPercent(t *testing.T) {
 	}
 	os.Unsetenv("GOGC")
 
-	if err := setGCPercent(defaultGCPercent); err != nil {
+	if err := setGCPercent(400); err != nil {
 		t.Fatal(err)
 	}
-	if got := debug.SetGCPercent(100); got != defaultGCPercent {
-		t.Fatalf("GC percent %d after --gc-percent %d", got, defaultGCPercent)
+	if got := debug.SetGCPercent(100); got != 400 {
+		t.Fatalf("GC percent %d after --gc-percent 400", got)
 	}
 	if err := setGCPercent(0); err != nil {
 		t.Fatal(err)
@@ -29,7 +29,7 @@ func TestSetGCPercent(t *testing.T) {
 		t.Fatalf("GC percent %d after --gc-percent 0, want Go's 100", got)
 	}
 	t.Setenv("GOGC", "150")
-	if err := setGCPercent(defaultGCPercent); err != nil {
+	if err := setGCPercent(400); err != nil {
 		t.Fatal(err)
 	}
 	if got := debug.SetGCPercent(100); got != 100 {
