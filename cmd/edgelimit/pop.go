@@ -98,7 +98,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.MaxKeys, "max-keys", store.DefaultMaxKeys, "most keys the embedded store holds (about 150 bytes each); idle keys go first")
 	fs.StringVar(&cfg.DebugListen, "debug-listen", "", "`address` for net/http/pprof (off when empty; keep it private)")
 	var gcPercent int
-	fs.IntVar(&gcPercent, "gc-percent", defaultGCPercent, "garbage collection target, as Go's GOGC (which wins when set): a higher one collects less often and\nkeeps the tail of a steady rate lower, for up to (1 + it/100) × the live heap in memory; 0 is Go's default, 100")
+	fs.IntVar(&gcPercent, "gc-percent", defaultGCPercent, "garbage collection target, as Go's GOGC (which wins when set): a higher one collects less often, which\nshortens the tail of a steady rate on busy cores, for up to (1 + it/100) × the live heap in memory; 0 is Go's, 100")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take; then open connections are closed")
 	fs.DurationVar(&cfg.ReadTimeout, "read-timeout", node.DefaultReadTimeout, "how long a client may take to send a request, headers and body (408 past it); a gRPC stream\nthat has not sent its request by then is cancelled")
 	fs.IntVar(&bodyMemoryMiB, "max-body-memory-mib", httpapi.DefaultMaxBodyMemory>>20, "MiB that request bodies in flight may hold together (503 with Retry-After past it); at least 24,\nwhat the largest batch needs. gRPC streams receiving their requests have a budget of the same size\n(160 KiB a stream; RESOURCE_EXHAUSTED past it)")
