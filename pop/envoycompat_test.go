@@ -34,6 +34,9 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1}
   - key: q
     rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: s
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
 `
 
 // Shadow mode (SHADOW_MODE): a request a limit denies is answered OK, its
@@ -88,6 +91,14 @@ func TestQuotaModeEverywhere(t *testing.T) {
 	}
 	if err := e.CheckAt(ctx, t0, both, &res); err != nil || res.Code != OverLimit {
 		t.Fatalf("both over: %v %+v, want OVER_LIMIT", err, res)
+	}
+	// A shadow limit is never over: its descriptor keeps the request within
+	// its quotas, as the peer answers a shadow descriptor OK.
+	shadow := req(1, []string{"s", "a"})
+	for i := range 2 {
+		if err := e.CheckAt(ctx, t0, shadow, &res); err != nil || res.Code != OK {
+			t.Fatalf("shadow, check %d: %v %+v, want OK", i, err, res)
+		}
 	}
 }
 

@@ -62,7 +62,7 @@ func (e *Engine) decideQuotaMode(ctx context.Context, s *scratch, nowNs int64) (
 }
 
 // allQuotaOver reports whether every descriptor that matched a quota-mode
-// limit has one whose decision in s.out denies.
+// limit has one, not in shadow mode, whose decision in s.out denies.
 func (s *scratch) allQuotaOver() bool {
 	if s.quotaPass {
 		return false
@@ -75,7 +75,9 @@ func (s *scratch) allQuotaOver() bool {
 		any = true
 		over := false
 		for j, m := range s.limits {
-			over = over || m.QuotaMode && s.owner[j] == s.owner[i] && !s.out[j].Allowed
+			// A shadow limit is never over, in quota mode too: Envoy's
+			// ratelimit answers its descriptor OK.
+			over = over || m.QuotaMode && !m.Shadow && s.owner[j] == s.owner[i] && !s.out[j].Allowed
 		}
 		if !over {
 			return false
