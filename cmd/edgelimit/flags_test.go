@@ -276,3 +276,19 @@ func TestDemoBusyPort(t *testing.T) {
 		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1, no URL, and one line naming the port and --base-port", code, out.String(), errb.String())
 	}
 }
+
+// A rule file's syntax error names the line of the mistake, not the line
+// where the enclosing block starts, many lines before it.
+func TestPopRulesYAMLErrorLine(t *testing.T) {
+	rules := filepath.Join(t.TempDir(), "rules.yaml")
+	text := "domain: d\ndescriptors:\n  - key: k\n    descriptors:\n" + strings.Repeat("      - key: e\n", 9) +
+		"      - key: f\n        value: v\n       shadow_mode: true\n" // line 16: one space short
+	if err := os.WriteFile(rules, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"pop", "--rules", rules, "--data", t.TempDir(), "--listen", "127.0.0.1:0"}, &out, &errb); code != 1 ||
+		!strings.Contains(errb.String(), rules+":16: invalid YAML") {
+		t.Fatalf("exit %d, stderr %q; want the error at %s:16", code, errb.String(), rules)
+	}
+}
