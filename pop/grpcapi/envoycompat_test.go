@@ -137,3 +137,31 @@ func TestEnvoyCompatJSON(t *testing.T) {
 		t.Errorf("HTTP headers %v, want no rate limit fields", resp.Header)
 	}
 }
+
+// BenchmarkShouldRateLimitProfile is BenchmarkShouldRateLimit's hot key with
+// edgelimit's fields, with the envoy fields instead, and with dynamic
+// metadata too: what Envoy's ratelimit's settings cost a call.
+func BenchmarkShouldRateLimitProfile(b *testing.B) {
+	for _, p := range []struct {
+		name string
+		set  func(*Config)
+	}{
+		{"default", func(*Config) {}},
+		{"envoy-headers", func(c *Config) { c.Headers = &pop.Headers{Set: pop.HeadersEnvoy} }},
+		{"envoy-headers+metadata", func(c *Config) { c.Headers, c.DynamicMetadata = &pop.Headers{Set: pop.HeadersEnvoy}, true }},
+	} {
+		b.Run(p.name, func(b *testing.B) {
+			eng := pop.NewEngine(store.NewMemory(store.MemoryConfig{}), testRules(b), nil)
+			cfg := Config{Engine: eng}
+			p.set(&cfg)
+			s, reqs := New(cfg), benchRequests(1)
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := s.ShouldRateLimit(ctx, reqs[0]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
