@@ -28,7 +28,12 @@ type Report struct {
 	Tracked string
 	// SeriesStep is the time each entry of Result.Series covers.
 	SeriesStep time.Duration
-	Results    []Result // in Strategies order
+	// EventualBound is the worst overshoot, in percent of the limit, the
+	// eventual mode is held to in this scenario outside cuts: the hits a
+	// deciding PoP cannot have heard of, Σ rate × (flush + delay) over the
+	// other PoPs a key's traffic reaches (eventualBound).
+	EventualBound float64
+	Results       []Result // in Strategies order
 }
 
 // OvershootBuckets are the upper edges, in percent of the limit, of the
@@ -142,7 +147,9 @@ func (rep Report) WriteTable(w io.Writer) error {
 	if rep.Direct {
 		b.WriteString("edgelimit's PoPs take other regions' bits and keys near their limit on a direct path too (edgelimit pop --nats-direct)\n")
 	}
-	fmt.Fprintf(&b, "sources %d  keys %d  tracked key %q\n\n", rep.Sources, rep.Keys, rep.Tracked)
+	fmt.Fprintf(&b, "sources %d  keys %d  tracked key %q\n", rep.Sources, rep.Keys, rep.Tracked)
+	fmt.Fprintf(&b, "eventual's bound outside cuts: worst%% ≤ %.2f (what a deciding PoP cannot have heard: Σ rate × (flush + delay) of the others)\n\n",
+		rep.EventualBound)
 	fmt.Fprintf(&b, "%-12s %10s %10s %8s %8s %9s %9s %9s %9s %9s %11s\n",
 		"strategy", "decisions", "admitted", "worst", "worst%", "mean%/win", "wrong%", "f-allow%", "f-deny%", "legit%", "deny-lag")
 	for _, r := range rep.Results {

@@ -387,7 +387,8 @@ func RunWith(sc Scenario, opt Options) (Report, error) {
 		FlushInterval: sc.FlushInterval,
 		Direct:        sc.Direct,
 		Sources:       len(srcs), Keys: len(keys), Tracked: keys[tk],
-		SeriesStep: time.Duration(step),
+		SeriesStep:    time.Duration(step),
+		EventualBound: eventualBound(&sc, top, srcs, len(keys), spec.Limit),
 	}
 	for i := range srcs {
 		rep.OfferedPerSecond += srcs[i].offered()

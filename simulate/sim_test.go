@@ -130,17 +130,12 @@ func TestSprayOvershootBound(t *testing.T) {
 }
 
 // replicationBound is the bound of TestSprayOvershootBound for rep's
-// scenario: m = R·D·(N−1)/N, the mean hits a PoP cannot see yet, and
-// cut×limit + m + 3√m + overshoot(centralized), where cut counts regions that
-// may be unable to see each other at all (their hits held by a partition).
+// scenario: m, the hits a PoP cannot have heard of (Report.EventualBound,
+// in hits), and cut×limit + m + 3√m + overshoot(centralized), where cut
+// counts regions that may be unable to see each other at all (their hits
+// held by a partition).
 func replicationBound(sc Scenario, rep Report, cut int64) (m, bound float64) {
-	var lmax time.Duration
-	for _, l := range sc.Latency {
-		lmax = max(lmax, time.Duration((l.Ms+l.JitterMs)*float64(time.Millisecond)))
-	}
-	d := (sc.FlushInterval + lmax).Seconds()
-	n := float64(rep.PoPs)
-	m = rep.OfferedPerSecond * d * (n - 1) / n
+	m = rep.EventualBound / 100 * float64(rep.Limit)
 	return m, float64(cut*rep.Limit) + m + 3*math.Sqrt(m) + float64(rep.Results[Centralized].WorstOvershoot)
 }
 
