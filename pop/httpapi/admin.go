@@ -278,6 +278,11 @@ func (a *admin) checkRules(q *quota.Quota) error {
 		o := &q.Overrides[i]
 		if name, ok := policyName(tenants, o.Descriptor); ok {
 			o.Descriptor = name
+			for j := range i { // the other form of a limit already overridden
+				if q.Overrides[j].Descriptor == name {
+					return &quota.FieldError{Field: fmt.Sprintf("overrides[%d].descriptor", i), Msg: fmt.Sprintf("%q is already overridden by overrides[%d]", name, j)}
+				}
+			}
 		}
 		if !slices.ContainsFunc(tenants, func(t *rules.Tenants) bool { return t.Overridable(o.Descriptor) }) {
 			return &quota.FieldError{Field: fmt.Sprintf("overrides[%d].descriptor", i),

@@ -212,6 +212,12 @@ func TestAdminOverrideSeedDescriptor(t *testing.T) {
 		t.Fatalf("PUT with the policy name: %d %s; want 200", code, body)
 	}
 	code, body = adminDo(t, srv, "PUT", "/admin/v1/quotas/abc123",
+		`{"tier":"enterprise","overrides":[{"descriptor":"api_key.endpoint=POST /api/v1/orders","requests_per_unit":1,"unit":"minute"},`+
+			`{"descriptor":"endpoint:POST /api/v1/orders","requests_per_unit":2,"unit":"minute"}]}`)
+	if code != http.StatusBadRequest || !strings.Contains(body, `"overrides[1].descriptor"`) {
+		t.Fatalf("PUT naming one limit in both forms: %d %s; want 400 naming overrides[1].descriptor", code, body)
+	}
+	code, body = adminDo(t, srv, "PUT", "/admin/v1/quotas/abc123",
 		`{"tier":"enterprise","overrides":[{"descriptor":"endpoint:GET /nowhere","requests_per_unit":1,"unit":"minute"}]}`)
 	if code != http.StatusBadRequest || !strings.Contains(body, `"overrides[0].descriptor"`) {
 		t.Fatalf("PUT naming no limit: %d %s; want 400 naming overrides[0].descriptor", code, body)
