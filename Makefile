@@ -4,6 +4,7 @@ BIN     := bin/edgelimit
 RULES   ?= deploy/examples/rules.yaml
 LISTEN  ?= 127.0.0.1:8080
 DATA    ?= ./data
+SHELL   := /bin/bash
 
 .PHONY: build run test bench lint fuzz load lab soak clean proto verify-proto proto-into
 
@@ -14,9 +15,10 @@ build:
 run: build
 	./$(BIN) pop --rules $(RULES) --listen $(LISTEN) --data $(DATA)
 
-## test: every test, with the race detector; what it needs, and what it skips without, is in README.md
+## test: every test, with the race detector; what it needs, and what it skips without, is in README.md.
+## Prints what go test prints, and a line for each skipped test with its reason (cmd/testlog).
 test:
-	$(GO) test -race -timeout 15m ./...
+	set -o pipefail; $(GO) test -race -timeout 15m -json ./... | $(GO) run ./cmd/testlog
 
 ## bench: the in-process benchmarks (docs/performance.md has the HTTP load figures)
 bench:
