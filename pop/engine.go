@@ -58,9 +58,9 @@ type Descriptor struct {
 // rule's unit counts on the rule's counts, and one with another unit counts on
 // its own (the store needs one window per key). A descriptor that matches no
 // limit, or an unlimited one, of a known domain is limited by the override
-// alone, counted with the sliding window at PoP scope under the policy name
-// "override". An override never issues mitigation bits: its quota is the
-// caller's, not the operator's.
+// alone, counted at PoP scope under the policy name "override" with the
+// engine's SetOverrideAlgorithm (the sliding window by default). An override
+// never issues mitigation bits: its quota is the// caller's, not the operator's.
 type Override struct {
 	RequestsPerUnit int64      `json:"requests_per_unit"`
 	Unit            rules.Unit `json:"unit"`
@@ -222,8 +222,11 @@ type Engine struct {
 	// shadow answers OK what a limit denies (SetShadowMode); quotaAll
 	// holds every descriptor to its quotas (SetQuotaMode).
 	shadow, quotaAll atomic.Bool
-	clock            atomic.Int64 // correction of the wall clock, ns (SetClockOffset)
-	scratch          sync.Pool
+	// overrideAlg counts a request's own limit on a descriptor that matched
+	// none (SetOverrideAlgorithm).
+	overrideAlg atomic.Uint32
+	clock       atomic.Int64 // correction of the wall clock, ns (SetClockOffset)
+	scratch     sync.Pool
 }
 
 // SetClockOffset makes Check decide at the wall clock plus d: the correction
@@ -387,7 +390,7 @@ func (e *Engine) decideRequest(ctx context.Context, now time.Time, req *Request,
 		q, tier, tenant := e.tenant(dom, entries, nowNs)
 		mq := q // the key's overrides of the matched limits
 		if d.Limit != nil && len(entries) > 0 {
-			l, err := overrideLimit(dom, matched, d.Limit, di)
+			l, err := overrideLimit(dom, matched, d.Limit, di, limit.Algorithm(e.overrideAlg.Load()))
 			if err != nil {
 				return err
 			}
@@ -926,8 +929,8 @@ func (d Descriptor) Describe() string {
 
 // overrideLimit is the limit a request's own Override sets for descriptor di
 // in domain dom, whose rule limits were matched; see Override.
-func overrideLimit(dom *rules.Domain, matched []*rules.Limit, o *Override, di int) (*rules.Limit, error) {
-	l := &rules.Limit{Name: "override", Domain: dom.Name, Path: "override"}
+func overrideLimit(dom *rules.Domain, matched []*rules.Limit, o *Override, di int, alg limit.Algorithm) (*rules.Limit, error) {
+	l := &rules.Limit{Name: "override", Domain: dom.Name, Path: "override", Spec: limit.Spec{Algorithm: alg}}
 	for _, m := range matched {
 		if !m.Unlimited {
 			*l = *m

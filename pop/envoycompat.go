@@ -1,5 +1,7 @@
 package pop
 
+import "github.com/edgelimit/edgelimit/pop/limit"
+
 // SetShadowMode makes every request that a limit denies answered OK, as
 // Envoy's ratelimit's SHADOW_MODE does: the statuses still say which
 // descriptors are over (OVER_LIMIT, their remaining and reset), the limits'
@@ -16,6 +18,13 @@ func (e *Engine) SetShadowMode(on bool) { e.shadow.Store(on) }
 // over a limit, so one that matched no limit (nor an unlimited one) keeps it
 // within them. Off by default; without the rules' option it changes nothing.
 func (e *Engine) SetQuotaMode(on bool) { e.quotaAll.Store(on) }
+
+// SetOverrideAlgorithm is the algorithm that counts a request's own limit
+// (Override) on a descriptor that matched no limit of its domain: the
+// algorithm rules name by default (rules.Options.DefaultAlgorithm), so that
+// with Envoy's ratelimit's fixed windows an override counts as the peer's
+// does. The zero value is limit.SlidingWindow.
+func (e *Engine) SetOverrideAlgorithm(a limit.Algorithm) { e.overrideAlg.Store(uint32(a)) }
 
 // shadowAnswer turns res, denied, into shadow mode's answer.
 func (e *Engine) shadowAnswer(res *Result) {

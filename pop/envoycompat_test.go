@@ -7,9 +7,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/rules"
 	"github.com/edgelimit/edgelimit/pop/store"
 )
@@ -176,5 +178,38 @@ descriptors:
 	}
 	if got := (&Headers{Set: HeadersRetryAfter}).AppendFields(nil, t0, &res); len(got) != 1 || got[0].Name != "Retry-After" {
 		t.Fatalf("retry-after alone: %v", got)
+	}
+}
+
+// A request's own limit on a descriptor that matches no limit counts with
+// SetOverrideAlgorithm's algorithm: with fixed windows (the profile's), a
+// denial waits until the window ends, as Envoy's ratelimit's does, not into
+// the next window as the sliding window's would.
+func TestOverrideAlgorithm(t *testing.T) {
+	for _, tc := range []struct {
+		alg      limit.Algorithm
+		longest  time.Duration
+		shortest time.Duration
+	}{
+		{limit.FixedWindow, time.Minute, 0},
+		{limit.SlidingWindow, 2 * time.Minute, time.Minute + time.Nanosecond},
+	} {
+		t.Run(tc.alg.String(), func(t *testing.T) {
+			e := profileEngine(t, rules.Options{}, oneAMinute, nil)
+			e.SetOverrideAlgorithm(tc.alg)
+			r := req(1, []string{"nothing", "a"})
+			r.Descriptors[0].Limit = &Override{RequestsPerUnit: 1, Unit: rules.Minute}
+			var res Result
+			ctx := context.Background()
+			if err := e.CheckAt(ctx, t0, r, &res); err != nil || res.Code != OK {
+				t.Fatalf("1st: %v %+v", err, res)
+			}
+			if err := e.CheckAt(ctx, t0, r, &res); err != nil || res.Code != OverLimit {
+				t.Fatalf("2nd: %v %+v", err, res)
+			}
+			if w := res.Statuses[0].RetryAfter; w > tc.longest || w < tc.shortest {
+				t.Errorf("a denial waits %v, want between %v and %v", w, tc.shortest, tc.longest)
+			}
+		})
 	}
 }
