@@ -60,7 +60,8 @@ type Descriptor struct {
 // limit, or an unlimited one, of a known domain is limited by the override
 // alone, counted at PoP scope under the policy name "override" with the
 // engine's SetOverrideAlgorithm (the sliding window by default). An override
-// never issues mitigation bits: its quota is the// caller's, not the operator's.
+// never issues mitigation bits: its quota is the caller's, not the
+// operator's.
 type Override struct {
 	RequestsPerUnit int64      `json:"requests_per_unit"`
 	Unit            rules.Unit `json:"unit"`
