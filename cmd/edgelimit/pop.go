@@ -231,6 +231,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	cfg.Durable = dur.hook
 	if repl.pop != "" {
 		cfg.Replica, cfg.RegionPeers, cfg.Replicas = repl.pop, topo.Peers(repl.pop), topo.Others(repl.pop)
+		cfg.Region, cfg.Topology, cfg.PartitionShare = repl.region, topo, repl.partitionShare
 		cfg.Replicate = repl.replicator(topo, dur, log)
 	}
 	if err := setGCPercent(gcPercent); err != nil {

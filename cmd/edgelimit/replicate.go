@@ -233,6 +233,19 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			return nil, nil, fmt.Errorf("nats %s: %w", url, err)
 		}
 		cleanup = append(cleanup, nc.Close)
+		if h.Strong != nil {
+			// Strong limits' requests ride the PoP's own connection
+			// (replication.ServeStrong says how).
+			slog := log.With("component", "strong")
+			sub, err := replication.ServeStrong(nc, f.region, f.pop, func() int64 { return h.Now().UnixNano() }, h.Strong.AnswerAt,
+				func(err error) { slog.Debug("strong request refused", "err", err) })
+			if err != nil {
+				closeAll()
+				return nil, nil, fmt.Errorf("consistency strong: %w", err)
+			}
+			cleanup = append(cleanup, func() { _ = sub.Unsubscribe() })
+			h.Strong.SetAsker(replication.NewStrongAsker(nc, t))
+		}
 		admin, err := f.adminConn(url, nc, adminKey, log)
 		if err != nil {
 			closeAll()

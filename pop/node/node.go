@@ -29,6 +29,7 @@ import (
 	"github.com/edgelimit/edgelimit/pop/rules"
 	"github.com/edgelimit/edgelimit/pop/store"
 	"github.com/edgelimit/edgelimit/pop/topkeys"
+	"github.com/edgelimit/edgelimit/region"
 )
 
 // Config is a PoP's configuration.
@@ -118,6 +119,15 @@ type Config struct {
 	Replica     string
 	RegionPeers []string
 	Replicas    []string
+	// Region is this PoP's region and Topology every region's PoPs: with
+	// Replica and Replicate, limits with consistency strong are decided at
+	// their key's home PoP (store.Strong), asked over the transport that
+	// Replicate hands to ReplicaHooks.Strong. PartitionShare is the share
+	// a global limit keeps per reachable region while others are cut off
+	// (store.StrongConfig.PartitionShare).
+	Region         string
+	Topology       region.Topology
+	PartitionShare float64
 	// Extrapolate makes the embedded store count the hits other PoPs have
 	// probably admitted since their last message (store.MemoryConfig).
 	Extrapolate bool
@@ -208,6 +218,12 @@ type ReplicaHooks struct {
 	// SetClockOffset moves the clock the PoP decides on by the correction
 	// the PoPs agreed on (pop.Engine.SetClockOffset, and the store's).
 	SetClockOffset func(time.Duration)
+	// Strong, when set, is this PoP's store of strong limits: Replicate
+	// answers the other PoPs' requests with its AnswerAt, at Now, and hands
+	// it the transport to ask theirs (SetAsker).
+	Strong *store.Strong
+	// Now is the clock the PoP decides on (pop.Engine.Now).
+	Now func() time.Time
 	// CaughtUp is called once the PoP has applied what the other PoPs
 	// published while it was down, or has stopped waiting for it: with
 	// Config.HoldReplicated, checks of region and global items wait until
@@ -299,6 +315,13 @@ func Run(ctx context.Context, cfg Config) error {
 		go every(interval, stop, func(now int64) { health.probe(time.Unix(0, now)) })
 	}
 
+	strongStore, err := openStrong(cfg, st, reg)
+	if err != nil {
+		return err
+	}
+	if strongStore != nil {
+		st = strongStore
+	}
 	var hold *holdStore
 	if cfg.Replicate != nil && cfg.HoldReplicated {
 		hold = newHoldStore(st)
@@ -373,6 +396,7 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 		}
 		run, replReady, err := cfg.Replicate(ctx, ReplicaHooks{Counts: counts, Bits: mit, Registerer: reg, SetGlobalShare: eng.SetGlobalShare, SetClockOffset: setClock,
+			Strong: strongStore, Now: eng.Now,
 			Bounds: eng.ReplicaBounds(), CaughtUp: func() {
 				if hold != nil {
 					hold.release()

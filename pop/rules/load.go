@@ -845,8 +845,6 @@ func (p *parser) rateLimit(f field) (l *Limit, hasName, ok bool) {
 				p.errorf(g.val, "consistency: %v", err)
 			case c != limit.Eventual && l.Scope == ScopePOP:
 				p.errorf(g.key, "consistency applies to scope region or global limits: a pop-scoped limit is exact already")
-			case c == limit.Strong:
-				p.errorf(g.val, "consistency strong (one home region decides) is not available yet: use bounded (never over the limit) or eventual")
 			}
 			l.Consistency = c
 		}

@@ -311,7 +311,6 @@ descriptors:
 		{"consistency on a pop limit", head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, consistency: bounded}\n", 4, []string{"consistency applies to scope region or global"}},
 		{"unknown consistency", head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, scope: global, consistency: exact}\n", 4, []string{`unknown consistency "exact"`, "eventual, bounded or strong"}},
 		{"bounded with mitigation", head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, scope: global, consistency: bounded, mitigation: {duration: 1m}}\n", 4, []string{"mitigation does not combine with consistency bounded"}},
-		{"strong consistency", head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, scope: global, consistency: strong}\n", 4, []string{"strong", "not available yet"}},
 		{"mitigation with a bad duration", head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, scope: global, mitigation: {duration: soon}}\n", 4, []string{"mitigation.duration"}},
 		{"mitigation with an unknown field", head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, scope: global, mitigation: {duration: 1m, for: 2m}}\n", 4, []string{`unknown field "for" in mitigation`}},
 		{"missing key", head + "  - value: x\n    rate_limit: {unit: second, requests_per_unit: 1}\n", 3, []string{"descriptor has no key"}},
@@ -514,12 +513,13 @@ func TestLoadConsistency(t *testing.T) {
 	set, _, err := Load(writeFile(t, t.TempDir(), "rules.yaml", "domain: d\ndescriptors:\n"+
 		"  - key: ip\n    rate_limits:\n"+
 		"      - {unit: minute, requests_per_unit: 100, scope: global, consistency: bounded}\n"+
-		"      - {unit: hour, requests_per_unit: 1000, scope: region}\n"))
+		"      - {unit: hour, requests_per_unit: 1000, scope: region}\n"+
+		"      - {unit: day, requests_per_unit: 5000, scope: global, consistency: strong, fail_closed: true}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ls := set.Domain("d").Match([]Entry{{Key: "ip", Value: "1.2.3.4"}})
-	if len(ls) != 2 || ls[0].Consistency != limit.Bounded || ls[1].Consistency != limit.Eventual {
-		t.Fatalf("limits %+v, want a bounded and an eventual (the default) one", ls)
+	if len(ls) != 3 || ls[0].Consistency != limit.Bounded || ls[1].Consistency != limit.Eventual || ls[2].Consistency != limit.Strong || !ls[2].FailClosed {
+		t.Fatalf("limits %+v, want a bounded, an eventual (the default) and a fail_closed strong one", ls)
 	}
 }

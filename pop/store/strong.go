@@ -57,7 +57,8 @@ type StrongConfig struct {
 	// region to its PoPs (the topology).
 	Self, Region string
 	Regions      map[string][]string
-	// Asker reaches the other PoPs.
+	// Asker reaches the other PoPs. It may be set later (SetAsker): until
+	// then every home but this PoP counts as unreachable.
 	Asker Asker
 	// Floor and Initial bound the wait for a home's reply
 	// (strong.RTT); 0 means DefaultStrongFloor and DefaultStrongInitial.
@@ -116,6 +117,7 @@ type Strong struct {
 	mu  sync.Mutex
 	rtt map[string]*strong.RTT // per home PoP; requires mu
 
+	asker                                             atomic.Pointer[Asker]
 	asked, unreachable, failClosed, answered, refused atomic.Uint64
 }
 
@@ -130,16 +132,24 @@ func NewStrong(inner Checker, cfg StrongConfig) (*Strong, error) {
 	switch {
 	case inner == nil:
 		return nil, errors.New("strong: no inner store")
-	case cfg.Asker == nil:
-		return nil, errors.New("strong: no asker")
 	case cfg.Floor < 0 || cfg.Initial < 0:
 		return nil, fmt.Errorf("strong: negative floor %v or initial wait %v", cfg.Floor, cfg.Initial)
 	case !slices.Contains(cfg.Regions[cfg.Region], cfg.Self):
 		return nil, fmt.Errorf("strong: PoP %q is not in region %q of the topology", cfg.Self, cfg.Region)
 	}
-	return &Strong{inner: inner, cfg: cfg, rtt: map[string]*strong.RTT{},
-		regions: map[string][]string{cfg.Region: cfg.Regions[cfg.Region]}}, nil
+	s := &Strong{inner: inner, cfg: cfg, rtt: map[string]*strong.RTT{},
+		regions: map[string][]string{cfg.Region: cfg.Regions[cfg.Region]}}
+	if cfg.Asker != nil {
+		s.SetAsker(cfg.Asker)
+	}
+	return s, nil
 }
+
+// SetAsker sets how s reaches the other PoPs, once their transport is up.
+func (s *Strong) SetAsker(a Asker) { s.asker.Store(&a) }
+
+// errNoAsker: no transport to the other PoPs yet.
+var errNoAsker = errors.New("strong: no transport to the other PoPs yet")
 
 // Stats returns the counts so far.
 func (s *Strong) Stats() StrongStats {
@@ -332,9 +342,13 @@ func (s *Strong) ask(ctx context.Context, now, hits int64, it *limit.Item, home 
 	var rep strong.Reply
 	var rtt int64
 	askErr := errHomeLeftAlone
+	if a := s.asker.Load(); a == nil {
+		asking = false
+		askErr = errNoAsker
+	}
 	if asking {
 		s.asked.Add(1)
-		rep, rtt, askErr = s.cfg.Asker.Ask(ctx, now, home, req, timeout)
+		rep, rtt, askErr = (*s.asker.Load()).Ask(ctx, now, home, req, timeout)
 		if askErr == nil {
 			askErr = strong.CheckReply(&req, &rep) // an Asker checks; a wrong one costs a fallback, never a wrong answer
 		}
