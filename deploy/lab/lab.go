@@ -245,7 +245,7 @@ func (l *lab) relay(listen, target, local string, seed uint64, link faultnet.Lin
 }
 
 // startNATS starts every region's servers from deploy/nats as an operator
-// would (values from the environment; only the store directory and its size
+// would (values from the environment; only the store directory
 // replaced), the hub first, and waits until every leaf region reaches the
 // hub's JetStream domain and back.
 // keysDir is where natsKeys writes the PoPs' NATS credentials.
@@ -323,7 +323,6 @@ func (l *lab) startNATS(ctx context.Context) error {
 			// operator to for links between sites.
 			text, err := Replace(path, string(b),
 				"store_dir: /var/lib/nats/jetstream", "store_dir: "+filepath.Join(dir, "jetstream"),
-				"max_file_store: 10G", "max_file_store: 256M",
 				"# tls { cert_file: $NATS_TLS_CERT", "tls { cert_file: $NATS_TLS_CERT")
 			if err != nil {
 				return err
