@@ -250,10 +250,16 @@ func (r *Replicator) ensureStream(ctx context.Context) (jetstream.Stream, error)
 		if _, err := r.admin.CreateOrUpdateStream(ctx, want); err != nil {
 			return nil, fmt.Errorf("replication: create or update stream %s (admin connection): %w", r.stream, err)
 		}
-	} else if _, err := r.js.CreateStream(ctx, want); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return nil, fmt.Errorf("replication: create stream %s: %w", r.stream, err)
 	}
 	stream, err := r.js.Stream(ctx, r.stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) && r.admin == nil {
+		// A create of an existing stream is refused (another configuration)
+		// or answered by a check of the limits it would reserve: look first.
+		if _, err = r.js.CreateStream(ctx, want); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return nil, fmt.Errorf("replication: create stream %s: %w", r.stream, err)
+		}
+		stream, err = r.js.Stream(ctx, r.stream)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("replication: stream %s: %w", r.stream, err)
 	}

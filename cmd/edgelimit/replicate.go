@@ -269,7 +269,7 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			direct[region] = dc
 		}
 		r, err := replication.New(replication.Config{
-			Region: f.region, POP: f.pop, Topology: t, Conn: nc, Admin: admin, Direct: direct, MaxBytes: streamMaxBytes(f.maxStore), Counts: counts, Bits: bits,
+			Region: f.region, POP: f.pop, Topology: t, Conn: nc, Admin: admin, Direct: direct, MaxBytes: streamMaxBytes(f.maxStore), MaxMessageBytes: messageCap(f.maxStore), Counts: counts, Bits: bits,
 			FlushInterval: f.flush, BitsInterval: f.urgent, SnapshotInterval: f.snapshot, StartSeq: seq, OnApplied: counts.Applied,
 			UnreachableAfter: f.unreachableAfter, PartitionShare: f.partitionShare, SetGlobalShare: h.SetGlobalShare,
 			NoClockSync: !f.clockSync, MaxClockStep: f.maxClockStep, SetClockOffset: h.SetClockOffset,
@@ -412,6 +412,17 @@ func errorGauge(opts prometheus.GaugeOpts, cond func() error) prometheus.GaugeFu
 // store's own overhead (indexes, the messages of a block being discarded)
 // and the ephemeral consumers' state.
 func streamMaxBytes(maxStore int64) int64 { return maxStore / 4 * 3 }
+
+// messageCap is the largest message a PoP publishes to a stream capped at
+// streamMaxBytes(maxStore): an eighth of that cap, so that discarding the
+// oldest messages always makes room, or 0 (the server's max payload) when
+// that is larger than a payload can be anyway.
+func messageCap(maxStore int64) int {
+	if c := streamMaxBytes(maxStore) / 8; c < 1<<20 {
+		return int(max(c, 4<<10))
+	}
+	return 0
+}
 
 // registerStreamHealth exports what the Replicator knows of its stream and
 // the embedded server's leaf links: each also fails /readyz, but the
