@@ -20,20 +20,27 @@ func (f *replFlags) natsAuthFlags(fs *flag.FlagSet) {
 	fs.StringVar(&f.natsCert, "nats-tls-cert", "", "client certificate `file` to present to NATS servers that verify clients (with --nats-tls-key)")
 	fs.StringVar(&f.natsKey, "nats-tls-key", "", "private key `file` of --nats-tls-cert")
 	fs.StringVar(&f.natsHost, "nats-host", "127.0.0.1", "embedded NATS: the `host` its client port binds; beyond loopback it needs --nats-authorized-keys")
-	fs.Int64Var(&f.maxStoreMiB, "nats-max-store-mib", 1024, "JetStream's file store limit of the embedded NATS server (MiB); the region's stream is capped at 3/4 of\nit and discards its oldest messages past that, so publishes are not refused. With --nats the stream's\ncap is 3/4 of this too: keep it under the servers' max_file_store")
+	fs.Int64Var(&f.maxStoreMiB, "nats-max-store-mib", 0, "JetStream's file store limit of the embedded NATS server (MiB; 0: 1024); the region's stream is capped at 3/4\nof it and discards its oldest messages past that, so publishes are not refused. With --nats, 0 leaves the\nstream uncapped, and a value caps it at 3/4 of it: keep that under the servers' max_file_store")
 	fs.StringVar(&f.natsAdminNKey, "nats-admin-nkey", "", "operator's nkey seed `file` ('edgelimit natsconf' writes admin.nk): the PoP creates and updates its region's\nstream through it (a PoP's own credential may only create a missing one; an embedded server needs none)")
 	fs.StringVar(&f.leafHost, "nats-leaf-host", "127.0.0.1", "embedded NATS: the `host` the leaf listener (--nats-leaf-port) binds; beyond loopback it needs --nats-authorized-keys")
 	fs.StringVar(&f.leafNKey, "nats-leaf-nkey", "", "embedded NATS: nkey seed `file` the leaf links (--nats-leaf-remote) log in to the hub with ('edgelimit natsconf'\nwrites leaf.nk; the hub's --nats-authorized-keys lists it)")
 	fs.StringVar(&f.natsAuthorized, "nats-authorized-keys", "", "embedded NATS: let in only the PoPs listed in this `file` (\"<pop> <public nkey>\" lines, written by\n'edgelimit natsconf'), each allowed to publish only its own subjects; this PoP connects with --nats-nkey")
 }
 
+// defaultMaxStore is the embedded NATS server's JetStream store limit when
+// --nats-max-store-mib is 0.
+const defaultMaxStore = 1 << 30
+
 // validateAuth checks the credential and TLS flags and reads the authorized
 // keys; it runs after validate.
 func (f *replFlags) validateAuth(t replication.Topology) error {
-	if f.maxStoreMiB < 1 || f.maxStoreMiB > 1<<30 {
-		return fmt.Errorf("--nats-max-store-mib must be between 1 and %d, got %d", 1<<30, f.maxStoreMiB)
+	if f.maxStoreMiB < 0 || f.maxStoreMiB > 1<<30 {
+		return fmt.Errorf("--nats-max-store-mib must be between 0 and %d, got %d", 1<<30, f.maxStoreMiB)
 	}
 	f.maxStore = f.maxStoreMiB << 20
+	if f.maxStore == 0 && f.natsURL == "" {
+		f.maxStore = defaultMaxStore
+	}
 	if f.natsPassFile != "" {
 		if f.natsPass != "" {
 			return errors.New("--nats-password-file and --nats-password (or EDGELIMIT_NATS_PASSWORD) both set; keep one")

@@ -75,7 +75,7 @@ func TestNatsconf(t *testing.T) {
 		{[]string{"--nats-leaf-port", "-1", "--nats-leaf-host", "0.0.0.0"}, "would accept leaf connections on 0.0.0.0"},
 		{[]string{"--nats-leaf-nkey", filepath.Join(dir, "leaf.nk")}, "--nats-leaf-nkey is the credential of the leaf links: it needs --nats-leaf-remote"},
 		{[]string{"--nats-leaf-remote", "nats-leaf://127.0.0.1:1", "--nats-leaf-nkey", filepath.Join(dir, "authorized_keys")}, "--nats-leaf-nkey"},
-		{[]string{"--nats-max-store-mib", "0"}, "--nats-max-store-mib must be between 1"},
+		{[]string{"--nats-max-store-mib", "-1"}, "--nats-max-store-mib must be between 0"},
 	} {
 		errb.Reset()
 		if code := run(append(append([]string{}, base...), c.args...), &out, &errb); code != 1 || !strings.Contains(errb.String(), c.want) {

@@ -406,7 +406,7 @@ func errorGauge(opts prometheus.GaugeOpts, cond func() error) prometheus.GaugeFu
 }
 
 // streamMaxBytes is the cap of the region's stream for a JetStream store of
-// maxStore bytes: three quarters of it. The stream then discards its oldest
+// maxStore bytes: three quarters of it (0, no cap, for 0). The stream then discards its oldest
 // messages before the store is full, so a PoP's publishes are never refused
 // for a store the stream itself filled; the quarter left covers the file
 // store's own overhead (indexes, the messages of a block being discarded)
@@ -418,7 +418,7 @@ func streamMaxBytes(maxStore int64) int64 { return maxStore / 4 * 3 }
 // oldest messages always makes room, or 0 (the server's max payload) when
 // that is larger than a payload can be anyway.
 func messageCap(maxStore int64) int {
-	if c := streamMaxBytes(maxStore) / 8; c < 1<<20 {
+	if c := streamMaxBytes(maxStore) / 8; c > 0 && c < 1<<20 {
 		return int(max(c, 4<<10))
 	}
 	return 0
