@@ -72,13 +72,15 @@ type StrongConfig struct {
 	PartitionShare float64
 }
 
-// Defaults of StrongConfig. The floor keeps a home whose round trip
-// jitters, or pauses for a garbage collection, from being taken as lost: a
-// reply that comes after its check gave up was counted at the home, and
-// the check was decided again locally. After losses in a row a home is
-// left alone for at most DefaultStrongMaxBackoff.
+// Defaults of StrongConfig. The floor is RFC 6298's least retransmission
+// timeout (2.4): a request lost on the way rides TCP under NATS, and comes
+// late by a retransmission, not never; a late reply taken for a lost home
+// would leave the home alone for a pause, and its check, already counted at
+// the home, decided again locally. So a home is taken as lost only when it
+// stays silent for a second. After losses in a row it is left alone for at
+// most DefaultStrongMaxBackoff.
 const (
-	DefaultStrongFloor      = 100 * time.Millisecond
+	DefaultStrongFloor      = time.Second
 	DefaultStrongInitial    = time.Second
 	DefaultStrongMaxBackoff = 2 * time.Second
 )
