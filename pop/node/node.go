@@ -332,6 +332,7 @@ func Run(ctx context.Context, cfg Config) error {
 	eng.SetCountDenied(cfg.CountDeniedHits)
 	eng.SetQuotaMode(cfg.QuotaMode)
 	eng.SetShadowMode(cfg.ShadowMode)
+	eng.SetOverrideAlgorithm(cfg.DefaultAlgorithm)
 	var top *topkeys.Sketch
 	if cfg.TopKeys > 0 {
 		top = topkeys.New(cfg.TopKeys)
