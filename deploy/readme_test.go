@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -143,6 +144,24 @@ func TestDocsCommandFlags(t *testing.T) {
 	}
 	if checked < 50 {
 		t.Errorf("checked only %d flags of documented commands: the documents were not read as expected", checked)
+	}
+}
+
+// TestDocsLinks: every relative link of a document names a file of the
+// repository, so moving a page cannot leave its readers at a dead end.
+func TestDocsLinks(t *testing.T) {
+	link := regexp.MustCompile(`\]\(([^)#\s]+)(#[^)]*)?\)`)
+	for _, file := range docFiles(t) {
+		for _, m := range link.FindAllStringSubmatch(readRepoFile(t, file), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			path := filepath.Join("..", filepath.Dir(file), target)
+			if _, err := os.Stat(path); err != nil {
+				t.Errorf("%s links to %s, which does not exist", file, target)
+			}
+		}
 	}
 }
 
