@@ -85,8 +85,9 @@ type Config struct {
 	MaxAge time.Duration
 	// MaxBytes caps the region's stream: past it JetStream discards the
 	// oldest messages, so publishes keep succeeding however much is
-	// published. 0 leaves the stream unbounded in size (JetStream's store
-	// limit then refuses publishes once it is reached, JetStreamFull).
+	// published. 0 leaves the stream unbounded in size when this PoP creates
+	// it (JetStream's store limit then refuses publishes once it is
+	// reached, JetStreamFull), and accepts the cap of a stream that exists.
 	MaxBytes int64
 	// Storage is the stream's storage; default jetstream.FileStorage.
 	Storage jetstream.StorageType

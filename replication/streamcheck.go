@@ -21,7 +21,7 @@ var ErrStreamConfig = errors.New("replication: the region's stream is not config
 
 // streamDiff returns, one line each, how got differs from want in what the
 // replication relies on. Values the server fills in for an unset limit (-1
-// for 0) count as equal; a source given by Domain is equal to one with the
+// for 0) count as equal, and want without MaxBytes accepts any; a source given by Domain is equal to one with the
 // domain's API prefix as External (nats.go sends it so).
 func streamDiff(want, got jetstream.StreamConfig) []string {
 	var d []string
@@ -58,7 +58,10 @@ func streamDiff(want, got jetstream.StreamConfig) []string {
 	if want.Duplicates != got.Duplicates {
 		differ("duplicate window", want.Duplicates, got.Duplicates)
 	}
-	if unlimited(want.MaxBytes) != unlimited(got.MaxBytes) {
+	// A PoP without a cap of its own (Config.MaxBytes 0: external servers
+	// the operator sized) takes the stream's: only its administrator can
+	// set one.
+	if want.MaxBytes > 0 && unlimited(want.MaxBytes) != unlimited(got.MaxBytes) {
 		differ("max bytes", unlimited(want.MaxBytes), unlimited(got.MaxBytes))
 	}
 	if unlimited(want.MaxMsgs) != unlimited(got.MaxMsgs) {
