@@ -117,20 +117,11 @@ const (
 	firstNewsSpan = float64(100 * time.Millisecond)
 	// paceHits is how many hits at this PoP's own pace a replica's first
 	// news of a key is taken with (byRate), and paceFloor the least span
-	// that pace is taken over (newPace). Measured with edgelimit sim
-	// --direct, seeds 0–23, mean (max) of the worst windows, without →
-	// with (the replicas heard before the key's onset counting as held,
-	// see before): world 5.38 (14) → 3.67 (5)%, world-quiet 7.50 (20) →
-	// 4.08 (6)%, world-anycast 7.46 (9) → 6.79 (8)%, anycast 1.75 (3.2) →
-	// 1.80 (3.2)%; false denials within a point of one central store's.
-	// On an earlier form of the pace (the larger of this PoP's count over
-	// the window so far and its hits over at least paceFloor since it
-	// began to remember the key: a burst read as a fast pace, a key begun
-	// late in a window as a slow one), with 6 / 10 / 20 / 40 / 100 hits:
-	// world 4.21 / 3.96 / 3.88 / 3.75 / 3.92%, world-quiet 5.38 / 4.71 /
-	// 4.17 / 4.21 / 4.08%, anycast 1.81 / 1.89 / 1.89 / 1.87 / 2.04%. Taken only where it raises the guess, anycast
-	// went to 2.17 (6.0)%: a replica with less demand than this PoP's
-	// pace is then guessed at it, and this PoP held back.
+	// that pace is taken over (newPace): a few hits say little of a rate.
+	// It is taken whether it raises the guess or lowers it: taken only
+	// where it raises it, a replica with less demand than this PoP's pace
+	// is guessed at it, and this PoP held back (docs/accuracy-log.md,
+	// "paceHits and paceFloor").
 	paceHits  = 20.0
 	paceFloor = int64(50 * time.Millisecond)
 	// beforeSlack is how much later than a flush and a delay a replica's
@@ -148,29 +139,15 @@ const (
 	// PoP admitted meanwhile: if it admitted, the room it found was open to
 	// the replica too, stalled or not; if it denied, so did the replica.
 	// But there no higher than the replica's own rate over that age (see
-	// guess). Measured with edgelimit sim against the capped age, seeds
-	// 0–2: world worst 13/8/11% → 7/7/8%, anycast 11.9/15.3/12.3% →
-	// 9.5/9.2/13.4% (4.8–7.8% without the rate's bound, which denied a
-	// quiet replica's partner at 8 of 10). It was 100 ms, past which the
-	// silence looked more like a cut than a stall (partition's undetected
-	// cut 134–140% at 200 ms, before the rate's bound). It is now the
-	// retransmission floor itself: on links busy with other keys a
-	// replica's usual gap is a few ms, not the 100 ms of a flush, and the
-	// last half of every stall went unguessed. Measured with edgelimit sim,
-	// seeds 0–11, mean of the worst windows, 100 → 200 ms: with --direct
-	// anycast 3.97 → 3.52% (its worst seed 6.5 → 7.7%), anycast-busy
-	// 3.51 → 2.58%, world 7.58 → 7.25%, world-anycast 5.75 → 5.92%,
-	// world-busy and partition unchanged; without --direct anycast
-	// 10.85 → 6.62%, anycast-busy 9.66 → 6.67%, the others within 0.3
-	// points; false denials 0.5–2.7 points more without --direct, none
-	// with it.
+	// guess). It is the retransmission floor itself: on links busy with
+	// other keys a replica's usual gap is a few ms, not the 100 ms of a
+	// flush, and a shorter reach left the last half of every stall
+	// unguessed (docs/accuracy-log.md, "stallReach").
 	stallReach = float64(200 * time.Millisecond)
 	// steadyPace and steadyCap bound the mirror where the room frees as
-	// the window slides (see steady). Measured with edgelimit sim --direct,
-	// seeds 0–2, against the mirror uncapped: world's f-deny 72.2/69.5/71.5%
-	// → 63.8/64.5/66.6% (one central store: 69.0%) at a worst of 5/4/5%
-	// (3/4/4%); a cap of 1 took f-deny to 54–59% and the worst to 5–6%,
-	// 1.25 left f-deny at 67–71%.
+	// the window slides (see steady): there the mirror guesses high, and
+	// the cap trades that against the worst window (docs/accuracy-log.md,
+	// "steadyPace and steadyCap").
 	steadyPace = 1.5
 	steadyCap  = 1.1
 	// mirrorEvidence is the least number of hits this PoP must have
@@ -182,12 +159,8 @@ const (
 	// in an age now and then, and the mirror took it for the others
 	// admitting theirs/ours times as much: four to ten hits guessed of a
 	// key that had none to give, and the client denied though it sent no
-	// more than its limit. Measured with edgelimit sim --direct: mix's
-	// legit denials 0.0223 → 0.0216% (one central store: 0.0214%); seeds
-	// 0–11 of the per-second scenarios within noise (world 5.67 → 5.58%
-	// mean worst, world-anycast 5.50 → 5.33%, anycast 2.01 → 2.12%,
-	// partition unchanged). Three hits: mix 0.0215%, but world-anycast
-	// 6.58%, where a PoP admits one or two hits an age while the room frees.
+	// more than its limit. Two, not more: a PoP admits one or two hits an
+	// age while the room frees (docs/accuracy-log.md, "mirrorEvidence").
 	mirrorEvidence = 2
 )
 
@@ -308,8 +281,8 @@ func (r *recentHits) add(now, start, hits int64) {
 // further back than the admissions it holds reach, it extrapolates at the
 // rate they came: a key admitted at 1000/s fills the ring in 32 ms while the
 // age of news from another continent is 50–150 ms, and counting only what
-// the ring held took a third of the hits for the whole age (spray's worst,
-// 6.6%).
+// the ring held took a third of the hits for the whole age
+// (docs/accuracy-log.md, "recentHits.since").
 //
 // But never more than were admitted since the window began when t is after
 // the latest admission before it: the ring then holds hits the window's
@@ -529,12 +502,12 @@ func (r *replicated) unheard(u *unitCounts, key string, ho, hr crdt.KeyHash, sta
 // though that replica sends news right after it admits: half a hit too
 // many a replica): the bias stands in for the spread of the PoPs' estimates
 // and the winner's curse — the PoP whose estimate is lowest takes the room
-// — and without it world's worst went from 5 to 8–9%. But how much curse
-// there is to pay for depends on how the demand is spread, which the guess
-// cannot see. Where one PoP has most of a key's demand (world-anycast: one
-// client at 150/s at one PoP, five lighter ones at five others) there is
-// little, and the bias only denied: the PoPs together settled about 96 of
-// 100 a window and false denials ran 7–8 points above one central store's.
+// — and without it the PoPs overshot together. But how much curse there is
+// to pay for depends on how the demand is spread, which the guess cannot
+// see. Where one PoP has most of a key's demand (world-anycast: one client
+// at 150/s at one PoP, five lighter ones at five others) there is little,
+// and the bias only denied: the PoPs together settled under the limit and
+// denied more than one central store.
 // Where many busy PoPs compete (world-busy) there is more than the bias
 // pays for, and the windows settled over the limit.
 //
@@ -550,25 +523,15 @@ func (r *replicated) unheard(u *unitCounts, key string, ho, hr crdt.KeyHash, sta
 // way, and a window not at the limit here halves it. Every PoP reads the
 // same settled counts, so they move together.
 //
-// Measured with edgelimit sim --direct, seeds 0–11, mean (max) of the
-// worst windows and false denials against one central store, before →
-// after: world-anycast f-deny +7.8 (+10.0) → −4.0 (−1.9) points at a worst
-// of 5.33 (7) → 7.67 (8)%; world-busy 9.17 → 7.58%; world 5.58 → 5.50%;
-// spray 1.57 → 1.28%; anycast 2.12 → 1.92%; partition 52.46 → 54.84%
-// (an undetected cut: its windows are not judged, but a correction from
-// before it stays); mix unchanged (false denials 9.27 → 9.30%, one central
-// store 9.60%). Aiming at the limit less 2 both ways (no band) gave world
-// 4.83% but took mix's false denials to 11.33%: per-client keys that
-// settle at their limit were pushed under it. Never adding: world-busy
-// 9.17%, world-anycast 7.0%. A slack of 0 or 1: the count sat on the limit
-// (world-anycast 8.3 / 7.8% worst, its false denials 24 / 13 points under
-// one central store's).
+// The band is there because per-client keys settle at their limit: aimed
+// at the limit less settleSlack both ways, they were pushed under it, and
+// with a slack of 0 or 1 the count sat on the limit (docs/accuracy-log.md,
+// "settleGain").
 //
 // Sliding windows only. A fixed window's PoPs overshoot together just after
 // it rolls, when all of them find room at once; steered up by that, the
 // guess held every PoP short of the limit for the rest of each window
-// (world on fixed_window, seeds 0–5, with --direct: 3.0 → 0.4% over a
-// window, but false denials 46 points above one central store's).
+// (docs/accuracy-log.md, "settleGain").
 const (
 	settleAfter = int64(300 * time.Millisecond)
 	settleSlack = 2.0
@@ -685,11 +648,7 @@ func (r *replicated) popCount(w int64, key string, window int64, n uint64) {
 // each such replica at the mean of those: their sliding counts plus what
 // it guessed of them. A replica whose news flows and that told nothing
 // did not admit the key, and none is guessed for a key no other replica
-// told of (one pinned to this PoP). Measured with edgelimit sim, seeds
-// 0–5, with --direct: partition's worst (an undetected cut: the other
-// side's replicas tell nothing of the key from the second window of the
-// cut on) 111.6–115.3% → 99.4–100.1%, world-busy's 9–18% → 8–12% (a
-// region stalled in a key's first window); the other scenarios unchanged.
+// told of (one pinned to this PoP) (docs/accuracy-log.md, "held").
 //
 // A held replica that did tell of the key is no better known: its count
 // stopped at what it told before the stall, and its guess stops growing a
@@ -698,15 +657,9 @@ func (r *replicated) popCount(w int64, key string, window int64, n uint64) {
 // go by and it counts as guessed). Before, a region whose link stalled
 // right after its first news of a sprayer (one or two hits told) or a cut's
 // other side in the cut's first window counted at what they told and
-// little more, for the whole stall. Measured with edgelimit sim, seeds
-// 0–11, mean (max) of the worst windows, before → after: without --direct
-// partition 99.45 (100.2) → 54.9 (60.4)%, world 10.5 (26) → 7.3 (18)%,
-// world-busy 20.5 (30) → 14.9 (21)%; with it partition 99.6 (100.1) →
-// 53.6 (55.0)%, anycast 3.52 (7.7) → 2.78 (4.2)%, world-busy 10.25 →
-// 9.67%. At a price where demand is uneven: a light replica held counts
-// at the heavier ones' mean (anycast without --direct 6.62 → 7.00%,
-// anycast-busy with it 2.58 → 2.58% but its worst seed 3.2 → 5.1%,
-// world-anycast's false denials about a point more).
+// little more, for the whole stall. At a price where demand is uneven: a
+// light replica held counts at the heavier ones' mean
+// (docs/accuracy-log.md, "held").
 //
 // Past heldMax the replica is gone or cut off for good: the core notices a
 // cut region after its unreachable-after (3 s by default) and shrinks the
@@ -715,10 +668,9 @@ func (r *replicated) popCount(w int64, key string, window int64, n uint64) {
 //
 // A replica whose traffic stopped is silent too, and counted so it took
 // half the limit of a key two PoPs shared from PoPs whose clients came and
-// went (on 300 ms, off 2 s: 41% of the key's requests denied, against one
-// central store's 3%). A stall holds the replica's beacons as well (they
-// ride the same links, in order), and a cut stops them; a quiet replica's
-// keep coming, every 500 ms. So a replica is held only while its beacons
+// went (docs/accuracy-log.md, "held"). A stall holds the replica's beacons
+// as well (they ride the same links, in order), and a cut stops them; a
+// quiet replica's keep coming, every 500 ms. So a replica is held only while its beacons
 // are overdue — half again their usual gap since the last one; or, its
 // beacons unknown yet, while none came after its latest news. That takes
 // a stall shorter than a beacon interval out of held (the mirror's
@@ -728,12 +680,10 @@ func (r *replicated) popCount(w int64, key string, window int64, n uint64) {
 // A replica never heard from is held while its first news could still be
 // on the way: a region stalled from the start of a key (a sprayer that
 // begins as the PoPs start) tells nothing of its first hits, and the far
-// regions' first news is 150 ms away at best. Measured with edgelimit sim
-// --direct, seeds 0–11: world's worst 3–22% → 3–15% (mean 7.25 → 5.33%),
-// the other scenarios unchanged. Held for as long as a heard replica
-// (3 s), a replica that never has traffic of its own (world-anycast)
-// stopped counting in the middle of a busy window and the PoPs all took
-// the room it left at once (5.9 → 9.7% mean worst); for 1 s, 5.3%.
+// regions' first news is 150 ms away at best. But only for heldFirst: held
+// for as long as a heard replica, a replica that never has traffic of its
+// own stopped counting in the middle of a busy window and the PoPs all took
+// the room it left at once (docs/accuracy-log.md, "held").
 func (c *replicaClock) held(now int64) bool {
 	silent := float64(now - c.recv)
 	if c.sent == 0 {
@@ -760,11 +710,8 @@ func (c *replicaClock) held(now int64) bool {
 // heard from does (held). A sprayer arriving at PoPs that had been
 // running (world-quiet) found the far replicas heard from a few ms
 // before, silent of it and so counted as none, for the 150 ms their
-// first news took: its first window settled at up to 120 of 100.
-// Measured with edgelimit sim --direct, seeds 0–23, mean (max) of the
-// worst windows, with the pace (newPace): world-quiet 4.58 (9) → 4.08
-// (6)%; without it 7.50 (20) → 7.00 (20)%. world, world-anycast and
-// anycast unchanged.
+// first news took: its first window settled at up to 120 of 100
+// (docs/accuracy-log.md, "before").
 func (c *replicaClock) before(rh *recentHits, now int64) bool {
 	return c.sent != 0 && c.sentAt() < float64(rh.from) &&
 		float64(now) < float64(rh.from)+c.lag+firstNewsSpan+beforeSlack
@@ -846,13 +793,9 @@ func (c *replicaClock) guess(cur, prev uint64, start, w, now int64, rh *recentHi
 		// over a limit of 100 a minute, in their first second of abuse,
 		// denied at 84–96 of the minute's 100 on four to five replicas
 		// guessed at 2–5 hits each where they had admitted a hit or
-		// less. Measured with edgelimit sim --direct: mix's legit
-		// denials 0.0216 → 0.0214% (one central store: 0.0214%); seeds
-		// 0–23 world 3.67 (5) → 3.71 (5)%, world-quiet 4.08 → 4.17%,
-		// world-anycast 6.96 (9) → 7.25 (10)%, anycast 1.77 (2.7) →
-		// 1.74 (2.5)%, burst-minute and spray unchanged. Skipping the
-		// mirror there (the guess by rate alone, which can run higher)
-		// took burst-minute's false denials 25 points over.
+		// less. The mirror is capped there rather than skipped: the
+		// guess by rate alone can run higher (docs/accuracy-log.md,
+		// "few").
 		few := since < mirrorEvidence || pace > 0
 		if ok && few {
 			plain = capped()
@@ -903,12 +846,11 @@ func (c *replicaClock) stamped(cur, prev uint64, start, w, now int64) float64 {
 // guesses high (traced: about half again what their reports then showed).
 // So there guess takes the mirror no higher than steadyCap times the
 // replica's own rate — by its sliding count weighed now, not as it was at
-// its news (stamped, byRate's count elsewhere): steadyCap was measured so,
-// and the count at the news there raised world's false denials by 5–6
-// points (seeds 0–11). Where the room opens — a window rolls, a burst ends,
-// a cut heals — this PoP admits faster than its pace, and the mirror,
-// which follows the room at once where a rate lags a window behind, is
-// left alone (burst-minute: 22–27% worst with the cap always on).
+// its news (stamped, byRate's count elsewhere): steadyCap was measured so.
+// Where the room opens — a window rolls, a burst ends, a cut heals — this
+// PoP admits faster than its pace, and the mirror, which follows the room
+// at once where a rate lags a window behind, is left alone
+// (docs/accuracy-log.md, "steadyPace and steadyCap").
 func steady(since, mine, a float64, w int64) bool {
 	return a > 0 && since/a <= steadyPace*mine/float64(w)
 }
@@ -921,8 +863,8 @@ func (c *replicaClock) mirror(rh *recentHits, mine, theirs float64, now int64, a
 	if rh.near > now-int64(a) {
 		// It does not remember the whole age as near the limit (the key
 		// came near it since): counting only what it admitted since it
-		// began took a sprayer's first 100 ms for quiet (world's worst,
-		// 10%).
+		// began took a sprayer's first 100 ms for quiet
+		// (docs/accuracy-log.md, "mirror").
 		return 0, 0, false
 	}
 	since = rh.since(now-int64(a), now)
@@ -945,9 +887,8 @@ func (c *replicaClock) byRate(cur, prev uint64, start, w, now int64, pace, n, a 
 		// is n hits in a span that ends with the n-th: n−1 of them fill the
 		// span and the n-th ends it, so it counts half. Counting it whole
 		// guessed a replica's second hit at twice its rate and denied a
-		// sprayer below its limit (world, seeds 1–6 and its own: 3–8%
-		// worst, and such denials); not at all took a replica's first hit
-		// for no rate (4–10% worst); half: 4–6%.
+		// sprayer below its limit; not at all took a replica's first hit
+		// for no rate (docs/accuracy-log.md, "byRate").
 		//
 		// The span is at least the replica's usual gap between messages,
 		// so that a replica's first news a few ms into a window is not
@@ -955,16 +896,15 @@ func (c *replicaClock) byRate(cur, prev uint64, start, w, now int64, pace, n, a 
 		// firstNewsSpan: a replica that was quiet before this key (its
 		// messages came a second apart) says nothing of the key's rate,
 		// and dividing by that second guessed a sprayer at a tenth of
-		// its rate (a world-scale sprayer arriving at PoPs that had been
-		// running: 14% over, world-quiet.yaml).
+		// its rate (docs/accuracy-log.md, "byRate").
 		//
 		// While the key is new to this PoP too, the replica's count is
 		// taken with paceHits more hits at this PoP's own pace since the
 		// key's onset (newPace): a few hits say little of a rate, and a
 		// sprayer's far replicas told of their first one to three while
 		// the key filled. Graded alone, those counts guessed the sprayer's
-		// first window 15–40% short at the PoPs furthest away (world,
-		// seed 10: 114 admitted of 100 in the first 200 ms). With more
+		// first window short at the PoPs furthest away
+		// (docs/accuracy-log.md, "byRate"). With more
 		// hits the replica's own count prevails; a replica whose demand
 		// differs from this PoP's is taken closer to this PoP's pace
 		// until it has told of a score of hits.
@@ -1016,14 +956,9 @@ func (u *unitCounts) ownSliding(k crdt.KeyHash, start, w int64, weight float64) 
 // must be counted in it too, which only remembered ones can be. With the
 // sprayer's key remembered from a quarter only, skew's clocks stepped
 // before any PoP had come near, and each PoP's hits of the new window were
-// forgotten with the old one. Measured with edgelimit sim, seeds 0–11,
-// mean (max) of the worst windows: skew 9.46 (9.7) → 0.96 (1.8)% with
-// --direct, 9.44 (9.7) → 1.04 (1.8)% without; the other scenarios, whose
-// clocks never step, gave byte-identical reports (the early memory serves
-// the step alone). Near from a 32nd as well, the early memory moved the
-// whole estimate of a new key: world 5.58 → 4.17%, but the two-region
-// spray of TestDirect 28 → 36 hits mean worst with the direct path (seeds
-// 1–16), and from a 16th anycast's worst seed 4.0 → 5.8%; not in.
+// forgotten with the old one. The early memory serves the step alone; near
+// from a 32nd as well, it moved the whole estimate of a new key, for the
+// worse in places (docs/accuracy-log.md, "nearLimitNew").
 const (
 	nearLimit    = 4.0
 	nearLimitNew = 32.0

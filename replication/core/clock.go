@@ -185,15 +185,10 @@ func (s *clockSync) target(now int64) (t, unsure int64, ok bool) {
 }
 
 // review moves the correction to the target when it changed by more than
-// the deadband and the target's unsureness; it returns whether it moved.
-// Measured with edgelimit sim --direct, seeds 0–23, mean (max) of the worst
-// windows: anycast 1.80 (3.2) → 1.77 (2.7)%, anycast-busy 1.83 (3.9) →
-// 1.76 (3.7)%; skew (±300 ms) unchanged at 0.83 (1.8)%; world 3.67 (5)%
-// unchanged; world with one region 80 ms ahead (seeds 0–11) 5.92 (9) →
-// 5.25 (8)%.
-// Unsure for as long as the filter runs (half the round trip always):
-// anycast 1.59 (2.1)%, but a skew smaller than half the round trip between
-// continents (100–150 ms) would never be taken out.
+// The unsureness is a peer's only while its filter fills (target): unsure
+// for as long as the filter runs (half the round trip always), a skew
+// smaller than half the round trip between continents (100–150 ms) would
+// never be taken out (docs/accuracy-log.md, "clockSync.review").
 func (s *clockSync) review(now int64) bool {
 	if s.off {
 		return false
