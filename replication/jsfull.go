@@ -29,6 +29,7 @@ func (r *Replicator) noteStoreRefused(err error) {
 	if !errors.As(err, &api) || (api.ErrorCode != errCodeInsufficientResources && api.ErrorCode != errCodeAccountResources) {
 		return
 	}
+	r.jsRefusedAt.Store(time.Now().UnixNano())
 	full := fmt.Errorf("%w: %v (stream %s holds %d bytes; the server's store limit is reached: see docs/replication-security.md, \"JetStream storage\")",
 		ErrJetStreamFull, api, r.stream, r.streamBytes.Load())
 	if r.jsFull.Swap(&full) == nil {
@@ -48,12 +49,19 @@ func (r *Replicator) noteStored() {
 
 // JetStreamFull returns ErrJetStreamFull, wrapped with the server's answer,
 // from the first publish JetStream refused for want of storage until one is
-// stored again; nil otherwise.
+// stored again; nil otherwise. While refused, a PoP publishes again every
+// flush (the slots it keeps) and every SnapshotInterval: a PoP with nothing
+// left to publish for two snapshot intervals has nothing the others miss, and
+// counts as stored again.
 func (r *Replicator) JetStreamFull() error {
-	if p := r.jsFull.Load(); p != nil {
-		return *p
+	p := r.jsFull.Load()
+	if p == nil {
+		return nil
 	}
-	return nil
+	if quiet := 2*r.cfg.SnapshotInterval + r.cfg.AckTimeout; time.Since(time.Unix(0, r.jsRefusedAt.Load())) > quiet {
+		return nil
+	}
+	return *p
 }
 
 // StreamBytes returns the size of the region's stream at the last look (every

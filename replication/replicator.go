@@ -136,7 +136,7 @@ type Replicator struct {
 	streamErr                                 atomic.Pointer[error] // StreamErr; nil while the stream is as expected
 	streamBytes                               atomic.Uint64         // the stream's size at the last look
 	jsFull                                    atomic.Pointer[error] // JetStreamFull; nil while publishes are stored
-	jsFullSince                               atomic.Int64
+	jsFullSince, jsRefusedAt                  atomic.Int64
 	skippedOwn, lastSeq                       atomic.Uint64
 	dropped                                   [NumDropReasons]atomic.Uint64
 	lag                                       lagHistogram
