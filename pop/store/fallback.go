@@ -315,6 +315,14 @@ func (f *Fallback) fallback(ctx context.Context, now, hits int64, items []limit.
 		}
 	}
 	if closed == 0 {
+		// Servers sharing the primary each decide alone now: each takes
+		// its part of every limit (redis_servers.go).
+		if sh, ok := f.primary.(shared); ok {
+			if k := sh.Servers(); k > 1 {
+				var buf [maxInline]limit.Item
+				items = splitItems(items, k, buf[:])
+			}
+		}
 		// A replicated Redis store's region and global limits are decided
 		// on its own in-process counts, and it publishes and restores what
 		// the secondary counts there (redis_offline.go).

@@ -485,3 +485,50 @@ func TestFallbackRedisHung(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Servers sharing a Redis each fall back on their own embedded store when it
+// cannot answer; each then takes its part of every limit, so that together
+// they admit no more than the limit — and without the split, each would
+// admit all of it. The count of servers is what Redis said at their last
+// Ping.
+func TestFallbackServersShareTheLimit(t *testing.T) {
+	srv := redistest.Start(t)
+	a := openTestRedis(t, srv.URL(), RedisConfig{Timeout: 50 * time.Millisecond})
+	b := openTestRedis(t, srv.URL(), RedisConfig{Timeout: 50 * time.Millisecond})
+	for _, s := range []*Redis{a, b, a} {
+		if err := s.Ping(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a.Servers() != 2 || b.Servers() != 2 {
+		t.Fatalf("servers: a counts %d, b %d; want 2 each", a.Servers(), b.Servers())
+	}
+	srv.Kill()
+	now := time.Now().UnixNano()
+	for _, spec := range []limit.Spec{
+		{Algorithm: limit.SlidingWindow, Limit: 100, Window: int64(time.Hour)},
+		{Algorithm: limit.FixedWindow, Limit: 101, Window: int64(time.Hour)},
+		{Algorithm: limit.TokenBucket, Limit: 100, Window: int64(time.Hour)},
+		{Algorithm: limit.GCRA, Limit: 100, Window: int64(time.Hour), Burst: 40},
+	} {
+		fa := NewFallback(a, NewMemory(MemoryConfig{}), FallbackConfig{Cooldown: time.Hour})
+		fb := NewFallback(b, NewMemory(MemoryConfig{}), FallbackConfig{Cooldown: time.Hour})
+		items := []limit.Item{{Key: fmt.Appendf(nil, "shared:%d", spec.Algorithm), Spec: spec}}
+		out := make([]limit.Decision, 1)
+		admitted := 0
+		for i := range 300 {
+			f := []*Fallback{fa, fb}[i%2]
+			if err := f.CheckAt(context.Background(), now, 1, items, out); err != nil {
+				t.Fatal(err)
+			}
+			if out[0].Allowed {
+				admitted++
+			}
+		}
+		want := int(spec.Capacity())
+		if admitted > want || admitted < want-2 {
+			t.Errorf("%v: two servers falling back admitted %d of 300 on a limit of %d, want %d (−2 for rounding)",
+				spec.Algorithm, admitted, want, want)
+		}
+	}
+}

@@ -248,6 +248,8 @@ type Redis struct {
 	offlineDenials atomic.Uint64 // checks Redis admitted and recheckOffline denied
 
 	deny *denyCache // keys over their limit (redis_denycache.go); nil when off
+
+	servers serverSet // the servers sharing this Redis (redis_servers.go)
 }
 
 // LostRestores is how many times the store found Redis holding less of the
@@ -298,6 +300,7 @@ func OpenRedis(cfg RedisConfig) (*Redis, error) {
 
 		offlineSem: make(chan struct{}, 1),
 		deny:       newDenyCache(cfg.DenyCacheKeys),
+		servers:    serverSet{id: newServerID()},
 
 		evalItems: maxEvalItems,
 	}
@@ -318,6 +321,9 @@ func OpenRedis(cfg RedisConfig) (*Redis, error) {
 		_ = s.sampleClock(ctx)
 	}
 	err = s.claim(ctx, client)
+	if err == nil {
+		s.register(ctx)
+	}
 	cancel()
 	if errors.Is(err, ErrReplicaConflict) {
 		_ = client.Close()
@@ -423,6 +429,7 @@ func (s *Redis) Close() error {
 	}
 	close(s.closing)
 	s.wg.Wait()
+	s.unregister()
 	if err := s.client.Close(); err != nil {
 		return fmt.Errorf("store: redis close: %w", err)
 	}

@@ -25,6 +25,7 @@ func (s *Redis) Ping(ctx context.Context) error {
 		if err := s.claim(ctx, s.client); errors.Is(err, ErrReplicaConflict) {
 			return err
 		}
+		s.register(ctx) // best effort: a failure keeps the last count
 		return nil
 	}
 	if conflict := s.ownerConflict(); conflict != nil && errors.Is(err, ErrReplicaConflict) {

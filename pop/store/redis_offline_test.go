@@ -227,6 +227,9 @@ func TestFallbackAfterRestartKnowsOwnCounts(t *testing.T) {
 		t.Fatalf("own slots before the restart: %v, %v", own, err)
 	}
 
+	if err := before.Close(); err != nil { // the PoP stops, and leaves the servers of its Redis
+		t.Fatal(err)
+	}
 	after := openTestRedis(t, srv.URL(), cfg) // the restarted PoP, on the same Redis
 	after.Restore(own)
 	if err := after.ReplicationErr(); err != nil {

@@ -297,8 +297,9 @@ func TestRedisReplicatedApplyIgnores(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := srv.Do("DBSIZE"); err != nil || n != "1" { // the PoP marker alone (redis_owner.go)
-		t.Fatalf("DBSIZE %q (%v) after applying nothing live, want 1: the PoP marker", n, err)
+	// The PoP marker (redis_owner.go) and the servers set (redis_servers.go) alone.
+	if n, err := srv.Do("DBSIZE"); err != nil || n != "2" {
+		t.Fatalf("DBSIZE %q (%v) after applying nothing live, want 2: the PoP marker and the servers set", n, err)
 	}
 }
 
