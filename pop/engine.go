@@ -672,11 +672,14 @@ func (e *Engine) mitigated(res *Result, l *rules.Limit, di int, wait time.Durati
 // or for the rule's mitigation duration. A request for several hits can be
 // denied while one would fit, so only single hits issue bits; a request's own
 // limit (Override) issues none, nor does a bounded limit: its denial says
-// this PoP's allowance is spent, not that the key is over everywhere.
+// this PoP's allowance is spent, not that the key is over everywhere; nor a
+// strong one: its home decides every check anyway, and a denial made without
+// the home (fail_closed, or the share while it is unreachable) says nothing
+// of the key elsewhere.
 func (e *Engine) issue(s *scratch, nowNs int64) {
 	for i, l := range s.limits {
 		d := s.out[i]
-		if d.Allowed || l.Shadow || l.QuotaMode || l.Scope == limit.ScopePOP || l.Consistency == limit.Bounded || d.Remaining != 0 || s.hits[i] != 1 || s.override[i] {
+		if d.Allowed || l.Shadow || l.QuotaMode || l.Scope == limit.ScopePOP || l.Consistency != limit.Eventual || d.Remaining != 0 || s.hits[i] != 1 || s.override[i] {
 			continue
 		}
 		until := nowNs + d.RetryAfter

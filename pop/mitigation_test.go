@@ -234,3 +234,40 @@ func TestBitsIssued(t *testing.T) {
 		t.Fatalf("%d tokens after issues that changed nothing, want 0", n)
 	}
 }
+
+// Only an eventual limit issues bits: a strong limit's denial may be made
+// without its home (fail_closed, or the share while the home is away) and
+// says nothing of the key elsewhere, as a bounded one's says only that this
+// PoP's allowance is spent.
+func TestBitsOnlyForEventual(t *testing.T) {
+	for _, c := range []limit.Consistency{limit.Eventual, limit.Bounded, limit.Strong} {
+		root := &rules.Node{}
+		g := lim("api", "ip", 5, rules.Minute)
+		g.Scope, g.Consistency = rules.ScopeGlobal, c
+		root.Child("ip", "").Add(g)
+		set, err := rules.NewSet(rules.NewDomain("api", "test", root))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := NewMitigations("a")
+		e := NewEngine(store.NewMemory(store.MemoryConfig{Replica: "a"}), set, nil)
+		e.UseMitigations(m)
+		var res Result
+		at := t0.Add(30 * time.Second)
+		for range 6 {
+			if err := e.CheckAt(context.Background(), at, req(1, []string{"ip", "1.2.3.4"}), &res); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if res.Code != OverLimit {
+			t.Fatalf("%v: the 6th of a limit of 5: %+v", c, res)
+		}
+		want := 0
+		if c == limit.Eventual {
+			want = 1
+		}
+		if bits := m.BitsDelta(); len(bits) != want {
+			t.Errorf("%v: %d bits issued for a denial, want %d", c, len(bits), want)
+		}
+	}
+}

@@ -878,6 +878,11 @@ func (p *parser) rateLimit(f field) (l *Limit, hasName, ok bool) {
 			// local shortfall to every PoP.
 			p.errorf(g.key, "mitigation does not combine with consistency bounded (a PoP's spent allowance is not the limit crossed)")
 		}
+		if l.Consistency == limit.Strong {
+			// The home decides every check; a denial made without it
+			// (fail_closed, the share) is no sign the key is over.
+			p.errorf(g.key, "mitigation does not combine with consistency strong (the key's home decides every check)")
+		}
 	}
 	if len(p.errs) > errs {
 		return nil, false, false

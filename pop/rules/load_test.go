@@ -311,6 +311,7 @@ descriptors:
 		{"consistency on a pop limit", head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, consistency: bounded}\n", 4, []string{"consistency applies to scope region or global"}},
 		{"unknown consistency", head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, scope: global, consistency: exact}\n", 4, []string{`unknown consistency "exact"`, "eventual, bounded or strong"}},
 		{"bounded with mitigation", head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, scope: global, consistency: bounded, mitigation: {duration: 1m}}\n", 4, []string{"mitigation does not combine with consistency bounded"}},
+		{"strong with mitigation", head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, scope: global, consistency: strong, mitigation: {duration: 1m}}\n", 4, []string{"mitigation does not combine with consistency strong"}},
 		{"mitigation with a bad duration", head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, scope: global, mitigation: {duration: soon}}\n", 4, []string{"mitigation.duration"}},
 		{"mitigation with an unknown field", head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, scope: global, mitigation: {duration: 1m, for: 2m}}\n", 4, []string{`unknown field "for" in mitigation`}},
 		{"missing key", head + "  - value: x\n    rate_limit: {unit: second, requests_per_unit: 1}\n", 3, []string{"descriptor has no key"}},
