@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -187,7 +188,8 @@ func TestDemo(t *testing.T) {
 	bin := buildBinary(t)
 	dir := t.TempDir()
 	rules := filepath.Join(dir, "rules.yaml")
-	os.WriteFile(rules, []byte("domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: hour, requests_per_unit: 6, scope: global}\n"), 0o644)
+	os.WriteFile(rules, []byte("domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: hour, requests_per_unit: 6, scope: global}\n"+
+		"  - key: warm\n    rate_limit: {unit: hour, requests_per_unit: 100000, scope: global}\n"), 0o644)
 	port := freeBase(t, 4)
 	cmd := exec.Command(bin, "demo", "--rules", rules, "--regions", "eu,us", "--pops", "2", "--base-port", port, "--data", filepath.Join(dir, "demo"))
 	cmd.Env = demoEnv()
@@ -224,6 +226,11 @@ func TestDemo(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
+	// On a busy machine the regions link a while after the PoPs answer
+	// /readyz, and until then each enforces its partition share of a global
+	// limit. Wait until every PoP counts hits it did not take, on a key of
+	// their own.
+	waitCountsOthers(t, urls, 2*time.Minute)
 	// Three hits in each region, then every PoP of both regions knows the
 	// global limit of 6 is spent.
 	for _, u := range []string{urls[0], urls[0], urls[0], urls[2], urls[2], urls[2]} {
@@ -363,6 +370,49 @@ func waitApplied(t *testing.T, addr string) {
 
 // appliedSome reports whether the PoP at addr has applied another PoP's
 // batch or snapshot, from its replication metrics.
+// waitCountsOthers checks the key "warm" (a global limit of 100,000) at each
+// of urls in turn until each one's remaining shows hits it did not take
+// itself: every PoP then hears from the others.
+func waitCountsOthers(t *testing.T, urls []string, patience time.Duration) {
+	t.Helper()
+	const limit = 100000
+	own := make([]int, len(urls))
+	sent := 0
+	heard := make([]bool, len(urls))
+	deadline := time.Now().Add(patience)
+	for slices.Contains(heard, false) {
+		if time.Now().After(deadline) {
+			t.Fatalf("PoPs %v: some never counted another PoP's hits within %v (heard %v)", urls, patience, heard)
+		}
+		for i, u := range urls {
+			resp, err := http.Post("http://"+u+"/v1/check", "application/json",
+				strings.NewReader(`{"domain":"edge","descriptors":[{"entries":[{"key":"warm","value":"w"}]}]}`))
+			if err != nil {
+				continue
+			}
+			var body struct {
+				Statuses []struct {
+					Remaining int `json:"limit_remaining"`
+				} `json:"statuses"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&body)
+			resp.Body.Close()
+			if err != nil || len(body.Statuses) != 1 {
+				continue
+			}
+			own[i]++
+			sent++
+			// Another's hits, and no more than were sent (with room for an
+			// estimate of some): a PoP at a partition share of the limit
+			// would show far less remaining.
+			if r := body.Statuses[0].Remaining; r < limit-own[i] && r > limit-2*sent-10 {
+				heard[i] = true
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func appliedSome(t *testing.T, addr string) bool {
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {

@@ -132,8 +132,8 @@ func TestProgressIsTerminal(t *testing.T) {
 	if isTerminal(f) {
 		t.Fatal("a regular file is a terminal")
 	}
-	var stderr bytes.Buffer
-	if err := runSim([]string{"--help"}, &bytes.Buffer{}, &stderr); err == nil || !strings.Contains(stderr.String(), "--html") {
-		t.Fatalf("usage does not mention --html: %v %q", err, stderr.String())
+	var stdout bytes.Buffer // help goes to stdout (TestHelpGoesToStdout)
+	if code := run([]string{"sim", "--help"}, &stdout, &bytes.Buffer{}); code != 0 || !strings.Contains(stdout.String(), "-html") {
+		t.Fatalf("sim --help: exit %d, usage does not mention -html: %q", code, stdout.String())
 	}
 }
