@@ -231,13 +231,21 @@ func TestDemo(t *testing.T) {
 	// limit. Wait until every PoP counts hits it did not take, on a key of
 	// their own.
 	waitCountsOthers(t, urls, 2*time.Minute)
-	// Three hits in each region, then every PoP of both regions knows the
-	// global limit of 6 is spent.
+	// Three hits in each region spend the global limit of 6: no more than 6
+	// are admitted, and then every PoP of both regions denies it. Whether
+	// each of the six is admitted is the estimate's accuracy, which the
+	// simulator and the lab measure: an eventual limit may deny while it
+	// still guesses at what another PoP admits.
+	admitted := 0
 	for _, u := range []string{urls[0], urls[0], urls[0], urls[2], urls[2], urls[2]} {
-		if popCheck(t, u) != 200 {
-			t.Fatal("denied before the limit")
+		if popCheck(t, u) == 200 {
+			admitted++
 		}
 	}
+	if admitted < 3 || admitted > 6 {
+		t.Fatalf("%d of 6 hits admitted on a global limit of 6, want 3 (the first region's) to 6", admitted)
+	}
+	deadline = time.Now().Add(time.Minute)
 	converged := false
 	for time.Now().Before(deadline) && !converged {
 		time.Sleep(200 * time.Millisecond)
