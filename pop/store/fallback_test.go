@@ -510,6 +510,7 @@ func TestFallbackServersShareTheLimit(t *testing.T) {
 		{Algorithm: limit.FixedWindow, Limit: 101, Window: int64(time.Hour)},
 		{Algorithm: limit.TokenBucket, Limit: 100, Window: int64(time.Hour)},
 		{Algorithm: limit.GCRA, Limit: 100, Window: int64(time.Hour), Burst: 40},
+		{Algorithm: limit.TokenBucket, Limit: 100, Window: int64(time.Hour), Burst: 1}, // halves to nothing
 	} {
 		fa := NewFallback(a, NewMemory(MemoryConfig{}), FallbackConfig{Cooldown: time.Hour})
 		fb := NewFallback(b, NewMemory(MemoryConfig{}), FallbackConfig{Cooldown: time.Hour})

@@ -78,15 +78,20 @@ func newServerID() string {
 // the limits among them while it decides without it.
 type shared interface{ Servers() int }
 
-// splitItems returns items with every limit divided by k, rounded down, in
-// buf when it is large enough: what one of k servers deciding alone may
-// admit so that all k together stay within each limit.
+// splitItems returns items with every limit and burst divided by k,
+// rounded down, in buf when it is large enough: what one of k servers
+// deciding alone may admit so that all k together stay within each limit.
+// A burst that divides to nothing leaves no capacity (a burst of 0 would
+// mean the whole limit).
 func splitItems(items []limit.Item, k int, buf []limit.Item) []limit.Item {
 	out := buf[:0]
 	for _, it := range items {
 		it.Spec.Limit /= int64(k)
 		if it.Spec.Burst > 0 {
-			it.Spec.Burst = max(it.Spec.Burst/int64(k), 1)
+			it.Spec.Burst /= int64(k)
+			if it.Spec.Burst == 0 {
+				it.Spec.Limit = 0
+			}
 		}
 		out = append(out, it)
 	}
