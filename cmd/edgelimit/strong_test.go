@@ -6,8 +6,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -44,21 +42,10 @@ func TestStrongAcrossProcesses(t *testing.T) {
 		"--nats-port", port(), "--nats-leaf-remote", "nats-leaf://127.0.0.1:" + leaf}, common...)...)
 	warmUp(t, []string{a, b}, a, b)
 
-	var burst atomic.Int64
-	var wg sync.WaitGroup
-	for i := range 120 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if checkKey(t, []string{a, b}[i%2], "s") == 200 {
-				burst.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	t.Logf("a burst of 120 over both PoPs admitted %d of a strong 40", burst.Load())
-	if burst.Load() != 40 {
-		t.Fatalf("a burst of 120 over two PoPs admitted %d of a strong 40, want exactly 40", burst.Load())
+	burst := burstAdmitted(t, []string{a, b}, "s", 120)
+	t.Logf("a burst of 120 over both PoPs admitted %d of a strong 40", burst)
+	if burst != 40 {
+		t.Fatalf("a burst of 120 over two PoPs admitted %d of a strong 40, want exactly 40", burst)
 	}
 
 	// Lose region us.
