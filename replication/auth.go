@@ -41,6 +41,18 @@ import (
 // otherwise transform another PoP's subject into its own, or switch its
 // region's replication off. Every PoP also checks its stream's configuration
 // and does not consume one it does not expect (Replicator.StreamErr).
+//
+// Strong limits (StrongSubject) need three things of it: to publish requests
+// to every PoP's strong subject, to subscribe to its own only (so no PoP can
+// answer as another key's home), and to reply to the requests it gets on the
+// asker's inbox. The last is not a subject here but nats-server's
+// allow_responses (one reply per request received, within two minutes),
+// which every PoP's user has besides these lists: granting "_INBOX.>" to
+// publish instead would let any PoP write into the other PoPs' inboxes,
+// where their JetStream replies and stream messages arrive. A strong request
+// is the only one a PoP answers, and ServeStrong answers only on an inbox,
+// so a request whose reply subject names another PoP's subject or the
+// JetStream API gets no answer.
 func Permissions(region, pop string) (publish, subscribe []string) {
 	stream := StreamName(region)
 	publish = []string{
@@ -56,6 +68,8 @@ func Permissions(region, pop string) (publish, subscribe []string) {
 		"$JS.API.CONSUMER.INFO." + stream + ".>",
 		"$JS.API.CONSUMER.DELETE." + stream + ".>",
 		"$JS.API.CONSUMER.MSG.NEXT." + stream + ".>",
+		// Strong limits: ask any PoP that is a key's home (StrongAsker).
+		subjectRoot + "." + strongToken + ".*.*",
 	}
 	subscribe = []string{
 		subjectRoot + "." + helloToken + ".*.*",
@@ -63,6 +77,9 @@ func Permissions(region, pop string) (publish, subscribe []string) {
 		subjectRoot + ".*." + kindDelta + ".*",
 		subjectRoot + ".*." + kindSnapshot + ".*",
 		subjectRoot + ".*." + kindBits + ".*",
+		// Strong limits: the requests of which this PoP is the home, its own
+		// subject only, so no PoP can answer for another (ServeStrong).
+		StrongSubject(region, pop),
 		"_INBOX.>",
 	}
 	return publish, subscribe
@@ -159,10 +176,16 @@ func nkeyUsers(keys []PoPKey) []*server.NkeyUser {
 		default:
 			pub, sub = Permissions(k.Region, k.POP)
 		}
-		out = append(out, &server.NkeyUser{Nkey: k.PublicKey, Permissions: &server.Permissions{
+		perms := &server.Permissions{
 			Publish:   &server.SubjectPermission{Allow: pub},
 			Subscribe: &server.SubjectPermission{Allow: sub},
-		}})
+		}
+		if k.POP != AdminUser {
+			// allow_responses: true, with nats-server's defaults (one
+			// reply per request, within two minutes): Permissions.
+			perms.Response = &server.ResponsePermission{}
+		}
+		out = append(out, &server.NkeyUser{Nkey: k.PublicKey, Permissions: perms})
 	}
 	return out
 }

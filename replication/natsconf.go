@@ -9,7 +9,8 @@ import (
 
 // AccountsConf renders the accounts section of a nats-server configuration
 // for the PoPs of keys (deploy/nats includes it): account EDGELIMIT, with
-// JetStream, where each PoP logs in with its own nkey and Permissions, and
+// JetStream, where each PoP logs in with its own nkey and Permissions (and
+// allow_responses, for the strong requests it answers), and
 // the system account SYS, whose user's password comes from the server's
 // environment ($NATS_SYS_PASSWORD). command is the command line that made it,
 // for the header. Subjects are quoted, so "$JS.API..." is never read as a
@@ -30,7 +31,7 @@ func AccountsConf(keys []PoPKey, admin, command string) []byte {
 	}
 	for _, k := range keys {
 		pub, sub := Permissions(k.Region, k.POP)
-		fmt.Fprintf(&b, "      # %s (region %s)\n      { nkey: %s, permissions: {\n          publish: { allow: %s }\n          subscribe: { allow: %s } } }\n",
+		fmt.Fprintf(&b, "      # %s (region %s)\n      { nkey: %s, permissions: {\n          publish: { allow: %s }\n          subscribe: { allow: %s }\n          allow_responses: true } }\n",
 			k.POP, k.Region, k.PublicKey, list(pub), list(sub))
 	}
 	if admin != "" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/edgelimit/edgelimit/region/strong"
@@ -15,7 +16,9 @@ import (
 // edgelimit._strong.<region>.<pop>, the home's own subject, and the reply
 // comes back on the asker's inbox. Each PoP subscribes to its own subject
 // only: one PoP decides for each key (store.Strong says why), so there is
-// no queue group to spread requests over. A request that finds no
+// no queue group to spread requests over. The home answers only on an
+// inbox (_INBOX.…): PoPs' NATS credentials let it reply to what it is asked
+// (Permissions). A request that finds no
 // subscriber fails at once (no responders), one whose home is cut off times
 // out; both leave the decision to the limit's partition policy.
 const strongToken = "_strong"
@@ -50,6 +53,13 @@ func ServeStrong(nc *nats.Conn, region, pop string, now func() int64, answer Str
 		}
 		if m.Reply == "" {
 			fail(errors.New("strong request without a reply subject"))
+			return
+		}
+		if !strings.HasPrefix(m.Reply, nats.InboxPrefix) {
+			// The home may reply to any request it gets (allow_responses,
+			// see Permissions): a reply subject that is not an inbox would
+			// have it publish where the asker itself may not.
+			fail(fmt.Errorf("strong request with a reply subject that is not an inbox: %q", m.Reply))
 			return
 		}
 		req, err := strong.DecodeRequest(m.Data)
