@@ -35,7 +35,12 @@ import (
 // A PoP administers nothing: it may create its region's stream when it is
 // missing ($JS.API.STREAM.CREATE, which never changes an existing stream)
 // and read its configuration, and create the ephemeral consumers it reads
-// with, but not update, purge or delete a stream. Changing a stream is an
+// with, but not update, purge or delete a stream, nor delete a consumer.
+// (The ordered consumer a PoP reads with deletes its previous consumer after
+// a reset only as a courtesy, ignoring the answer; the server drops that
+// in-memory consumer after its inactive threshold, five minutes. A PoP that
+// could delete consumers could delete the other PoPs' too: their names go
+// by on the inboxes every PoP may read.) Changing a stream is an
 // operator's credential's job (AdminPermissions), or the embedded server's
 // own in-process connection's (ServerConfig.Admin): a PoP's credential could
 // otherwise transform another PoP's subject into its own, or switch its
@@ -66,7 +71,6 @@ func Permissions(region, pop string) (publish, subscribe []string) {
 		"$JS.API.STREAM.CREATE." + stream,
 		"$JS.API.CONSUMER.CREATE." + stream + ".>",
 		"$JS.API.CONSUMER.INFO." + stream + ".>",
-		"$JS.API.CONSUMER.DELETE." + stream + ".>",
 		"$JS.API.CONSUMER.MSG.NEXT." + stream + ".>",
 		// Strong limits: ask any PoP that is a key's home (StrongAsker).
 		subjectRoot + "." + strongToken + ".*.*",

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
+	"github.com/edgelimit/edgelimit/crdt/crdttest"
 	edgelimitpb "github.com/edgelimit/edgelimit/proto"
 	"github.com/edgelimit/edgelimit/replication"
 )
@@ -243,4 +244,83 @@ func TestStreamVerified(t *testing.T) {
 
 func equalStrings(a, b []string) bool {
 	return strings.Join(a, "\x00") == strings.Join(b, "\x00")
+}
+
+// TestPoPReadsOnWithoutConsumerDelete: a PoP's credential may not delete a
+// consumer (Permissions), and the PoP does not need to: when the consumer
+// it reads the region's stream with disappears (deleted here by the
+// operator's credential, as the server deletes one after its inactive
+// threshold), the ordered consumer makes a new one — its delete of the old
+// one is refused and ignored — and the PoP goes on applying the other PoP's
+// batches from the stream past the point of the deletion.
+func TestPoPReadsOnWithoutConsumerDelete(t *testing.T) {
+	cs := startCredServer(t)
+	admin := cs.conn(t, "", nil)
+	eu1 := cs.startEU(t, "eu-1", admin)
+	eu2 := cs.startEU(t, "eu-2", nil)
+	for _, p := range []*pop{eu1, eu2} {
+		select {
+		case <-p.rep.Ready():
+		case <-time.After(60 * time.Second):
+			t.Fatalf("%s's consumer not started", p.name)
+		}
+	}
+	ajs, err := jetstream.New(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream := replication.StreamName("eu")
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	s, err := ajs.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before []string
+	for name := range s.ConsumerNames(ctx).Name() {
+		before = append(before, name)
+	}
+	if len(before) != 2 {
+		t.Fatalf("consumers of %s: %q, want eu-1's and eu-2's", stream, before)
+	}
+	for _, name := range before {
+		if err := ajs.DeleteConsumer(ctx, stream, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deletedAt := info.State.LastSeq
+
+	var o crdttest.Oracle
+	addRandom(newRand(t), []*pop{eu2}, 10, 50, &o)
+	if _, err := waitFor(120*time.Second, func() error {
+		info, err := s.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.State.LastSeq <= deletedAt {
+			return errors.New("eu-2 has published nothing since the deletion")
+		}
+		if got := eu1.rep.Stats().LastAppliedSeq; got < info.State.LastSeq {
+			return fmt.Errorf("eu-1 applied the stream up to %d of %d", got, info.State.LastSeq)
+		}
+		return converged(&o, eu1)
+	}); err != nil {
+		t.Fatalf("after its consumer was deleted: %v", err)
+	}
+	var after []string
+	for name := range s.ConsumerNames(ctx).Name() {
+		after = append(after, name)
+	}
+	for _, name := range after {
+		for _, old := range before {
+			if name == old {
+				t.Errorf("consumer %s is back", name)
+			}
+		}
+	}
+	t.Logf("consumers before the deletion %q, after %q", before, after)
 }

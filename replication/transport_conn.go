@@ -140,6 +140,14 @@ func Connect(cfg ConnConfig) (*nats.Conn, error) {
 			if sub != nil {
 				subject = sub.Subject
 			}
+			if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"$JS.API.CONSUMER.DELETE.`) {
+				// The ordered consumer's delete of the consumer it
+				// replaced, after a reset: a PoP's credential may not
+				// delete consumers (Permissions), and the server drops
+				// the old one after its inactive threshold.
+				log.Debug("replication: consumer delete refused by the credential; the server expires it", "err", err)
+				return
+			}
 			log.Warn("replication: NATS error", "subject", subject, "err", err)
 		}),
 	}

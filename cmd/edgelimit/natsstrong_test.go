@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgelimit/edgelimit/region"
 	"github.com/edgelimit/edgelimit/region/strong"
@@ -250,5 +252,60 @@ func TestNatsconfStrongRequests(t *testing.T) {
 				t.Errorf("%d messages on us-1's delta subject after eu-1 was asked to reply there", n)
 			}
 		})
+	}
+}
+
+// TestNatsconfPoPCannotDeleteConsumers: a PoP's credential, on a nats-server
+// with the generated accounts, may create the ephemeral consumer it reads
+// its region's stream with, but not delete a consumer: the server answers
+// a delete with a permissions violation and the consumer stays. (A PoP
+// never needs the delete: the ordered consumer it reads with deletes its
+// previous consumer after a reset only as a courtesy, ignoring the answer,
+// and the server drops an ephemeral consumer after its inactive threshold.)
+func TestNatsconfPoPCannotDeleteConsumers(t *testing.T) {
+	const topo = "eu=eu-1,eu-2"
+	keys, urls := natsconfServers(t, topo)
+	url := urls["edgelimit-accounts.conf"]
+	stream := replication.StreamName("eu")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	own := popConn(t, url, keys, "eu-1", nil)
+	js, err := jetstream.New(own)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The PoP may create its region's stream when it is missing, and read
+	// it with an ordered consumer, as a Replicator does.
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{"edgelimit.eu.>"}, MaxAge: time.Minute}); err != nil {
+		t.Fatalf("eu-1 creating its region's missing stream: %v", err)
+	}
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatalf("eu-1's ordered consumer: %v", err)
+	}
+	name := cons.CachedInfo().Name
+
+	for _, pop := range []string{"eu-1", "eu-2"} {
+		var errs asyncErrs
+		nc := popConn(t, url, keys, pop, &errs)
+		pjs, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
+		err = pjs.DeleteConsumer(dctx, stream, name)
+		dcancel()
+		if err == nil {
+			t.Fatalf("%s deleted consumer %s of %s", pop, name, stream)
+		}
+		subject := fmt.Sprintf(`Permissions Violation for Publish to "$JS.API.CONSUMER.DELETE.%s.%s"`, stream, name)
+		waitFor(t, pop+"'s delete refused", 60*time.Second, func() bool { return errs.has(subject) })
+	}
+	if _, err := js.Consumer(ctx, stream, name); err != nil {
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			t.Fatalf("consumer %s is gone after the refused deletes", name)
+		}
+		t.Fatal(err)
 	}
 }
