@@ -2,6 +2,7 @@ package simulate
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"html/template"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -49,6 +51,7 @@ func (rep Report) WriteHTML(w io.Writer) error {
 		Unit:     rep.Unit,
 		Step:     rep.htmlStep(),
 		Counts:   rep.htmlOvershootTable(),
+		Cuts:     rep.htmlCuts(),
 	}
 	var b bytes.Buffer
 	if err := htmlPageTemplate.Execute(&b, page); err != nil {
@@ -69,17 +72,22 @@ type htmlPage struct {
 	Tracked    string
 	Unit, Step string
 	Counts     overshootTable
+	// Cuts says in words what the shaded bands of the rate chart are: the
+	// scenario's partitions, one phrase per pair of regions.
+	Cuts []string
 }
 
 // svgChart is one inline SVG: lists of shapes, each drawn as is.
 type svgChart struct {
 	Title         string // for screen readers
 	Width, Height string
-	Lines         []svgLine
-	Texts         []svgText
-	Polys         []svgPoly
-	Dots          []svgDot
-	Rects         []svgRect
+	// Bands are drawn first, under everything: the scenario's cuts.
+	Bands []svgRect
+	Lines []svgLine
+	Texts []svgText
+	Polys []svgPoly
+	Dots  []svgDot
+	Rects []svgRect
 	// Above are drawn over the data: the limit line and its label.
 	Above      []svgLine
 	AboveTexts []svgText
@@ -330,6 +338,7 @@ func (rep Report) htmlRateChart(keep func(Result) bool, panel string) svgChart {
 		xa.Top = span // the run ends at the right edge
 	}
 	ya := newSVGAxis(peak, 5, 1)
+	c.cuts(rep.Partitions, xa)
 
 	key := "the tracked key"
 	if rep.Tracked != "" {
@@ -400,6 +409,89 @@ func (rep Report) htmlRateChart(keep func(Result) bool, panel string) svgChart {
 		return ""
 	})
 	return c
+}
+
+// cutLabelRoom is the least width, in SVG units, of a cut's band and of the
+// gap after it for its edges to be labelled "cut" and "heal": narrower, as
+// flapping.yaml's 2 s cuts a minute long run are, the labels would run into
+// each other, and the band alone marks it (the caption names every cut).
+const cutLabelRoom = 40
+
+// cuts shades, under the data, each partition's span on the time axis xa,
+// with a line where the link is cut and one where it heals, labelled "cut"
+// and "heal" where there is room. A partition past the run's end is left out;
+// one that outlasts it is shaded to the right edge, with no heal.
+func (c *svgChart) cuts(parts []Partition, xa svgAxis) {
+	type span struct {
+		x0, x1 float64
+		healed bool
+		tip    string
+	}
+	var spans []span
+	for _, p := range parts {
+		s, e := p.Start.Seconds(), p.End.Seconds()
+		if s >= xa.Top || e <= s {
+			continue
+		}
+		sp := span{x0: xa.x(max(s, 0)), x1: xa.x(min(e, xa.Top)), healed: e <= xa.Top}
+		sp.tip = fmt.Sprintf("%s cut from %s to %s", cutPair(p), cutTime(p.Start), cutTime(p.End))
+		spans = append(spans, sp)
+	}
+	slices.SortStableFunc(spans, func(a, b span) int { return cmp.Compare(a.x0, b.x0) })
+	for i, sp := range spans {
+		c.Bands = append(c.Bands, svgRect{X: svgCoord(sp.x0), Y: svgCoord(plotTop), W: svgCoord(max(sp.x1-sp.x0, 1)), H: svgCoord(plotH), Tip: sp.tip})
+		c.Lines = append(c.Lines, svgLine{Class: "cutedge", X1: svgCoord(sp.x0), Y1: svgCoord(plotTop), X2: svgCoord(sp.x0), Y2: svgCoord(plotBottom)})
+		if sp.healed {
+			c.Lines = append(c.Lines, svgLine{Class: "cutedge", X1: svgCoord(sp.x1), Y1: svgCoord(plotTop), X2: svgCoord(sp.x1), Y2: svgCoord(plotBottom)})
+		}
+		room := sp.x1 - sp.x0
+		if i+1 < len(spans) {
+			room = min(room, spans[i+1].x0-sp.x1)
+		}
+		if room < cutLabelRoom {
+			continue
+		}
+		c.Texts = append(c.Texts, svgText{Class: "cutlabel", X: svgCoord(sp.x0 + 4), Y: svgCoord(plotTop + 14), Anchor: "start", Text: "cut"})
+		if sp.healed {
+			c.Texts = append(c.Texts, svgText{Class: "cutlabel", X: svgCoord(sp.x1 + 4), Y: svgCoord(plotTop + 14), Anchor: "start", Text: "heal"})
+		}
+	}
+}
+
+// cutPair names a partition's link: "us ↔ eu", or "us → eu" one way.
+func cutPair(p Partition) string {
+	if p.OneWay {
+		return p.From + " → " + p.To + " (one way)"
+	}
+	return p.From + " ↔ " + p.To
+}
+
+// cutTime is a moment of the run in seconds, as the time axis reads: "58s",
+// "2.5s" (not Duration's "1m0s").
+func cutTime(d time.Duration) string {
+	return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) + "s"
+}
+
+// htmlCuts is the caption of the rate chart's bands: per link, in the
+// scenario's order, "us ↔ eu cut 10s–20s" with every span of it.
+func (rep Report) htmlCuts() []string {
+	var order []string
+	spans := map[string][]string{}
+	for _, p := range rep.Partitions {
+		if p.End <= p.Start {
+			continue
+		}
+		k := cutPair(p)
+		if _, ok := spans[k]; !ok {
+			order = append(order, k)
+		}
+		spans[k] = append(spans[k], cutTime(p.Start)+"–"+cutTime(p.End))
+	}
+	out := make([]string, 0, len(order))
+	for _, k := range order {
+		out = append(out, k+" cut "+strings.Join(spans[k], ", "))
+	}
+	return out
 }
 
 // overshootLabels names the buckets of Result.Overshoot: "0", "≤1%", "1–5%", …,
@@ -543,6 +635,9 @@ svg .tick { font-size: 11px; fill: #444; }
 svg .title { font-size: 12px; fill: #222; }
 svg .limitlabel { font-size: 11px; fill: #222; }
 svg .note { font-size: 14px; fill: #888; }
+svg .cut { fill: #999; fill-opacity: 0.16; }
+svg .cutedge { stroke: #777; stroke-width: 1; stroke-dasharray: 2 3; }
+svg .cutlabel { font-size: 11px; fill: #555; }
 svg .legend { font-size: 12px; fill: #222; }
 svg polyline { fill: none; stroke-width: 1.5; stroke-linejoin: round; stroke-opacity: 0.85; }
 table.counts { border-collapse: collapse; font-size: 13px; }
@@ -559,7 +654,8 @@ table.counts th:first-child, table.counts td:first-child { text-align: left; }
 
 <h2>Admitted rate against the limit</h2>
 {{range .Rate}}{{template "chart" .}}{{end}}
-<p>How to read this: each line follows one strategy through the run. For every {{if .Step}}{{.Step}} of simulated time{{else}}sample{{end}} it plots the most hits of {{if .Tracked}}the key “{{.Tracked}}”{{else}}the tracked key{{end}} that the strategy had admitted within one limit window (one {{.Unit}}) ending in that stretch. The dashed line is the limit. A line above it means the strategy let more through than the limit allows, and the gap is the overshoot; a line below it while clients send more than the limit means the strategy denied requests it could have admitted. An exact limiter would sit on the dashed line.</p>
+{{if .Cuts}}<p class="cuts">Shaded, between dotted lines: the links the scenario cuts, from the cut to the heal — {{range $i, $c := .Cuts}}{{if $i}}; {{end}}{{$c}}{{end}}. Messages across a cut link are held and delivered when it heals.</p>
+{{end}}<p>How to read this: each line follows one strategy through the run. For every {{if .Step}}{{.Step}} of simulated time{{else}}sample{{end}} it plots the most hits of {{if .Tracked}}the key “{{.Tracked}}”{{else}}the tracked key{{end}} that the strategy had admitted within one limit window (one {{.Unit}}) ending in that stretch. The dashed line is the limit. A line above it means the strategy let more through than the limit allows, and the gap is the overshoot; a line below it while clients send more than the limit means the strategy denied requests it could have admitted. An exact limiter would sit on the dashed line.</p>
 
 <h2>How far windows went over the limit</h2>
 {{template "chart" .Over}}
@@ -571,7 +667,8 @@ table.counts th:first-child, table.counts td:first-child { text-align: left; }
 </body>
 </html>
 {{define "chart"}}<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {{.Width}} {{.Height}}" width="{{.Width}}" height="{{.Height}}" role="img" aria-label="{{.Title}}">
-{{range .Lines}}<line class="{{.Class}}" x1="{{.X1}}" y1="{{.Y1}}" x2="{{.X2}}" y2="{{.Y2}}"/>
+{{range .Bands}}<rect class="cut" x="{{.X}}" y="{{.Y}}" width="{{.W}}" height="{{.H}}"><title>{{.Tip}}</title></rect>
+{{end}}{{range .Lines}}<line class="{{.Class}}" x1="{{.X1}}" y1="{{.Y1}}" x2="{{.X2}}" y2="{{.Y2}}"/>
 {{end}}{{range .Texts}}<text class="{{.Class}}" x="{{.X}}" y="{{.Y}}" text-anchor="{{.Anchor}}">{{.Text}}</text>
 {{end}}{{range .Rects}}<rect class="bar" x="{{.X}}" y="{{.Y}}" width="{{.W}}" height="{{.H}}" fill="{{.Color}}"><title>{{.Tip}}</title></rect>
 {{end}}{{range .Polys}}<polyline data-strategy="{{.Strategy}}" stroke="{{.Color}}" points="{{.Points}}"><title>{{.Strategy}}</title></polyline>

@@ -364,3 +364,71 @@ func TestHTMLRatePanels(t *testing.T) {
 		t.Fatalf("%d limit lines, want one per rate panel", n)
 	}
 }
+
+// TestHTMLCuts: a scenario's cuts are shaded on the rate chart, from the cut
+// to the heal on its time axis, with "cut" and "heal" where there is room and
+// a caption naming each; a scenario without cuts has none of it.
+func TestHTMLCuts(t *testing.T) {
+	rep := syntheticHTMLReport() // 3 s
+	els := parseHTML(t, renderHTML(t, rep))
+	if n := len(findElements(els, "rect", "cut")); n != 0 {
+		t.Fatalf("no partitions, yet %d cut bands", n)
+	}
+	if n := len(findElements(els, "line", "cutedge")) + len(findElements(els, "text", "cutlabel")) + len(findElements(els, "p", "cuts")); n != 0 {
+		t.Fatalf("no partitions, yet %d cut marks", n)
+	}
+
+	rep.Partitions = []Partition{
+		{From: "us", To: "eu", Start: time.Second, End: 2 * time.Second},
+		{From: "us", To: "ap", Start: 2500 * time.Millisecond, End: 10 * time.Second, OneWay: true}, // outlasts the run
+		{From: "eu", To: "ap", Start: 5 * time.Second, End: 6 * time.Second},                        // after it
+	}
+	els = parseHTML(t, renderHTML(t, rep))
+	bands := findElements(els, "rect", "cut")
+	if len(bands) != 2 {
+		t.Fatalf("%d cut bands, want 2: the cut past the run's end is left out", len(bands))
+	}
+	// 1 s to 2 s of a 3 s axis: the middle third of the plot.
+	x, w := parseCoord(t, bands[0].attrs["x"]), parseCoord(t, bands[0].attrs["width"])
+	if want := plotLeft + plotW/3.0; x < want-0.1 || x > want+0.1 {
+		t.Errorf("the 1 s cut starts at x %v, want %v", x, want)
+	}
+	if want := plotW / 3.0; w < want-0.2 || w > want+0.2 {
+		t.Errorf("the 1 s cut is %v wide, want %v", w, want)
+	}
+	if x, w := parseCoord(t, bands[1].attrs["x"]), parseCoord(t, bands[1].attrs["width"]); x+w > plotLeft+plotW+0.1 {
+		t.Errorf("the cut that outlasts the run ends at x %v, past the plot's right edge %d", x+w, plotLeft+plotW)
+	}
+	// An edge at each cut and at the one heal within the run.
+	if n := len(findElements(els, "line", "cutedge")); n != 3 {
+		t.Errorf("%d cut and heal lines, want 3", n)
+	}
+	var labels []string
+	for _, e := range findElements(els, "text", "cutlabel") {
+		labels = append(labels, e.text)
+	}
+	if strings.Join(labels, ",") != "cut,heal,cut" {
+		t.Errorf("labels %q, want cut,heal of the first cut and cut alone of the second, which heals after the run", labels)
+	}
+	// Cuts too narrow to label (a flapping link's) are shaded all the same.
+	rep.Partitions = nil
+	for s := time.Duration(0); s < 3*time.Second; s += 200 * time.Millisecond {
+		rep.Partitions = append(rep.Partitions, Partition{From: "us", To: "eu", Start: s, End: s + 100*time.Millisecond})
+	}
+	narrow := parseHTML(t, renderHTML(t, rep))
+	if n := len(findElements(narrow, "rect", "cut")); n != len(rep.Partitions) {
+		t.Errorf("%d bands of %d short cuts", n, len(rep.Partitions))
+	}
+	if n := len(findElements(narrow, "text", "cutlabel")); n != 0 {
+		t.Errorf("%d labels on cuts %v wide, want none", n, plotW/30.0)
+	}
+	caption := findElements(els, "p", "cuts")
+	if len(caption) != 1 {
+		t.Fatalf("%d captions of the cuts, want 1", len(caption))
+	}
+	for _, want := range []string{"us ↔ eu cut 1s–2s", "us → ap (one way) cut 2.5s–10s", "eu ↔ ap cut 5s–6s"} {
+		if !strings.Contains(caption[0].text, want) {
+			t.Errorf("caption %q does not say %q", caption[0].text, want)
+		}
+	}
+}

@@ -33,7 +33,10 @@ type Report struct {
 	// deciding PoP cannot have heard of, Σ rate × (flush + delay) over the
 	// other PoPs a key's traffic reaches (eventualBound).
 	EventualBound float64
-	Results       []Result // in Strategies order
+	// Partitions are the scenario's cuts (Scenario.Partitions), which the
+	// HTML report marks on its charts over time.
+	Partitions []Partition
+	Results    []Result // in Strategies order
 }
 
 // OvershootBuckets are the upper edges, in percent of the limit, of the

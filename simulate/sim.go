@@ -389,6 +389,7 @@ func RunWith(sc Scenario, opt Options) (Report, error) {
 		Sources:       len(srcs), Keys: len(keys), Tracked: keys[tk],
 		SeriesStep:    time.Duration(step),
 		EventualBound: eventualBound(&sc, top, srcs, len(keys), spec.Limit),
+		Partitions:    sc.Partitions,
 	}
 	for i := range srcs {
 		rep.OfferedPerSecond += srcs[i].offered()
