@@ -183,6 +183,9 @@
 //     at least — durably, and only then publish them with the returned News.
 //     A failed save publishes nothing (publish Own later). Publish the News
 //     even when there are no items: it is the watermark others' P̂ waits on.
+//     Flush early too (a Rebalance and a Delta, as at a flush) when Wanted
+//     reports true after an Apply: this replica heard demand it holds
+//     allowance for, and the asker may run out before the next flush.
 //  4. On every message from replica k: Apply(news, items). The watermark is
 //     true only if every item k published up to news.SentAt has been applied
 //     by then: apply k's messages in order without gaps (a stream), or send

@@ -93,7 +93,11 @@ type Ledger struct {
 	horizon int64 // the newest instant passed to Prune
 	pruned  bool  // Prune was called
 	acting  bool  // Decide or Rebalance ran; the own bases are set
-	wanted  bool  // see Wanted
+
+	// The current windows' entries whose gives may have changed since the
+	// last Wanted or Rebalance: another replica's demand grew, or
+	// allowance arrived (see Wanted).
+	touched map[entryKey]struct{}
 
 	// scratch for Rebalance, len N each
 	demand, target, deficit []uint64
@@ -161,6 +165,7 @@ func New(cfg Config) (*Ledger, error) {
 		entries: make(map[entryKey]*entry),
 		active:  make(map[string]Spec),
 		wake:    make(map[int64]map[string]Spec),
+		touched: make(map[entryKey]struct{}),
 		latest:  math.MinInt64,
 		demand:  make([]uint64, n),
 		target:  make([]uint64, n),
@@ -564,35 +569,54 @@ func (l *Ledger) join(it Item) error {
 	case Requested:
 		if it.Value > e.req[o] && o != l.self {
 			l.active[e.key] = e.spec // another replica's demand: targets move
-			if it.Value > e.count[o] && l.spare(e) > l.band {
-				l.wanted = true
-			}
+			l.touch(e)
 		}
 		e.req[o] = max(e.req[o], it.Value)
 	case Give:
 		if to == l.self && it.Value > l.given(e, o, to, it.ToIncarnation) {
 			l.active[e.key] = e.spec // this replica holds more: it may have excess
+			l.touch(e)
 		}
 		l.raiseGive(e, o, to, it.ToIncarnation, it.Value)
 	}
 	return nil
 }
 
-// spare is what this replica holds of e's window beyond what its admissions
-// use as a fixed window counts them, in units: an estimate, for Wanted.
-func (l *Ledger) spare(e *entry) uint64 {
-	return subSat(l.held(e), mulDivCeil(l.ownUsed(e), l.scale, uint64(e.spec.Limit)))
+// touch notes that e's gives may have changed, for Wanted, if e is of a
+// window at or after the newest instant seen: a past window's allowance is
+// no use to anyone.
+func (l *Ledger) touch(e *entry) {
+	if l.latest == math.MinInt64 || e.window+e.spec.Window > l.latest {
+		l.touched[entryKey{e.key, e.window}] = struct{}{}
+	}
 }
 
-// Wanted reports whether, since the last call, another replica was heard
-// asking for more of a key than it admitted — it denied hits — while this
-// replica held allowance of it to spare: a Rebalance now would likely give.
-// A driver that can flush early (a store's urgent signal) does so, so that
-// allowance reaches a starved replica in one message's delay rather than a
-// flush interval's. It only steers timing; no decision depends on it.
+// Wanted reports whether, since the last call (or Rebalance), something was
+// heard after which a Rebalance would give: another replica's demand for a
+// key grew, or allowance arrived here, and this replica now holds more of
+// the key's current window than its demand-proportional target, unused,
+// while another replica is below its own (see Rebalance). A driver that can
+// flush early (a store's urgent signal) does so, so that allowance reaches a
+// replica that asks for it in one message's delay rather than a flush
+// interval's — before it runs out, not after it has denied. It only steers
+// timing; no decision depends on it. It costs O(N) for each key heard of
+// since the last call. It takes as now the newest instant seen or heard:
+// the others' news says when they sent it, and a replica that has not
+// decided yet knows the time from nothing else.
 func (l *Ledger) Wanted() bool {
-	w := l.wanted
-	l.wanted = false
+	w := false
+	now := l.latest
+	for k, at := range l.alive {
+		if k != l.self {
+			now = max(now, at)
+		}
+	}
+	for k := range l.touched {
+		if e := l.entries[k]; !w && e != nil && windowStart(now, e.spec.Window) == e.window {
+			w = l.wouldGive(now, e)
+		}
+	}
+	clear(l.touched)
 	return w
 }
 

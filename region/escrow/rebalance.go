@@ -57,6 +57,7 @@ import (
 func (l *Ledger) Rebalance(now int64) []Item {
 	now = l.clock(now)
 	l.act()
+	clear(l.touched) // what they were touched for is done now
 	for at, keys := range l.wake {
 		if at > now {
 			continue
@@ -125,6 +126,18 @@ func (l *Ledger) requestedElsewhere(key string, cur, win int64) bool {
 // another replica has demand and this replica holds more than the band of
 // the current or the next window.
 func (l *Ledger) rebalanceKey(now int64, key string, spec Spec, cur int64, out []Item) ([]Item, bool) {
+	if !l.targets(now, key, spec, cur) { // no demand elsewhere: nothing to give
+		return out, false
+	}
+	out = l.giveFrom(now, key, spec, cur, true, out)
+	out = l.giveFrom(now, key, spec, cur+spec.Window, false, out)
+	return out, l.heldOf(key, cur) > l.band || l.heldOf(key, cur+spec.Window) > l.band
+}
+
+// targets sets l.demand and l.target for key at now, its current window
+// starting at cur (see Rebalance, "Demand" and "Targets"). It reports false,
+// leaving l.target unset, when no other replica has demand.
+func (l *Ledger) targets(now int64, key string, spec Spec, cur int64) bool {
 	win := uint64(spec.Window)
 	ec := l.entries[entryKey{key, cur}]
 	ep := l.entries[entryKey{key, cur - spec.Window}]
@@ -147,15 +160,13 @@ func (l *Ledger) rebalanceKey(now int64, key string, spec Spec, cur int64, out [
 		l.demand[k] = d
 		sum = addSat(sum, d)
 	}
-	if sum == l.demand[l.self] { // no demand elsewhere: nothing to give
-		return out, false
+	if sum == l.demand[l.self] {
+		return false
 	}
 	for k := range l.names {
 		l.target[k] = mulDiv(l.scale, l.demand[k], sum)
 	}
-	out = l.giveFrom(now, key, spec, cur, true, out)
-	out = l.giveFrom(now, key, spec, cur+spec.Window, false, out)
-	return out, l.heldOf(key, cur) > l.band || l.heldOf(key, cur+spec.Window) > l.band
+	return true
 }
 
 // heldOf is held for the window of key starting at w, the start share if
@@ -171,32 +182,7 @@ func (l *Ledger) heldOf(key string, w int64) uint64 {
 // the targets in l.target; current says whether w is the window at now.
 func (l *Ledger) giveFrom(now int64, key string, spec Spec, w int64, current bool, out []Item) []Item {
 	e := l.entries[entryKey{key, w}]
-	f := l.startShare(l.self, w)
-	if e != nil {
-		f = l.held(e)
-	}
-	tself := l.target[l.self]
-	if f <= addSat(tself, l.band) {
-		return out
-	}
-	excess := f - tself
-	if current && e != nil {
-		used := l.usedUnits(e, now)
-		if used >= f {
-			return out
-		}
-		excess = min(excess, f-used)
-	}
-	var sumDef uint64
-	for k := range l.names {
-		l.deficit[k] = 0
-		if k == l.self {
-			continue
-		}
-		l.deficit[k] = subSat(l.target[k], l.estimate(e, k, w))
-		sumDef = addSat(sumDef, l.deficit[k])
-	}
-	x := min(excess, sumDef)
+	x, sumDef := l.giveable(now, e, w, current)
 	if x < l.minGive {
 		return out
 	}
@@ -217,6 +203,61 @@ func (l *Ledger) giveFrom(now int64, key string, spec Spec, w int64, current boo
 			To: l.names[k], ToIncarnation: l.inc[k], Value: v})
 	}
 	return out
+}
+
+// giveable is what this replica would give of the window starting at w (e,
+// nil if it has no entry for it) toward the targets in l.target: x, its
+// excess over its own target — of the current window only what it has not
+// used — up to the others' deficits, which it leaves in l.deficit, summed
+// in sumDef. An x of 0 means it gives nothing: it holds no more than its
+// target plus the band, or has used what it holds.
+func (l *Ledger) giveable(now int64, e *entry, w int64, current bool) (x, sumDef uint64) {
+	f := l.startShare(l.self, w)
+	if e != nil {
+		f = l.held(e)
+	}
+	tself := l.target[l.self]
+	if f <= addSat(tself, l.band) {
+		return 0, 0
+	}
+	excess := f - tself
+	if current && e != nil {
+		used := l.usedUnits(e, now)
+		if used >= f {
+			return 0, 0
+		}
+		excess = min(excess, f-used)
+	}
+	for k := range l.names {
+		l.deficit[k] = 0
+		if k == l.self {
+			continue
+		}
+		l.deficit[k] = subSat(l.target[k], l.estimate(e, k, w))
+		sumDef = addSat(sumDef, l.deficit[k])
+	}
+	return min(excess, sumDef), sumDef
+}
+
+// wouldGive reports whether a Rebalance at now would give some of e's
+// window, the current one: another replica has demand, this replica holds
+// more than its target plus the band and has not used it, and some replica
+// is short of its target by at least the smallest give. It changes no
+// state but the scratch slices.
+func (l *Ledger) wouldGive(now int64, e *entry) bool {
+	if !l.targets(now, e.key, e.spec, e.window) {
+		return false
+	}
+	x, sumDef := l.giveable(now, e, e.window, true)
+	if x < l.minGive {
+		return false
+	}
+	for k := range l.names {
+		if k != l.self && mulDiv(x, l.deficit[k], sumDef) >= l.minGive {
+			return true
+		}
+	}
+	return false
 }
 
 // usedUnits is the allowance, in units, that this incarnation's admissions

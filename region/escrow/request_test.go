@@ -117,33 +117,71 @@ func TestRequestCountsNothing(t *testing.T) {
 	}
 }
 
-// Wanted says so once when a replica that denied hits (it asked for more
-// than it admitted) is heard by one holding allowance to spare; not for
-// demand that was served, nor by a replica with nothing to spare.
+// Wanted says so once when a replica holding allowance it has not used and
+// does not need is heard of demand elsewhere — when the demand appears, not
+// only once it is denied — and for allowance that arrives beyond its own
+// demand; not when what it holds matches its own demand, not when it has
+// nothing to spare, and not for a window that is over.
 func TestWanted(t *testing.T) {
 	spec := Spec{Limit: L100, Window: sec} // each holds a third
 	a, b, c := trio(t, 0)
-	if ok, _ := b.Decide(t1, "k", spec, 20); !ok { // served: within b's third
-		t.Fatal("b denied 20 of its 33")
+	if ok, _ := b.Decide(t1, "k", spec, 5); !ok { // served, but b's demand is all there is
+		t.Fatal("b denied 5 of its 33")
 	}
 	send(t, t1, b, a)
-	if a.Wanted() {
-		t.Fatal("a wanted to give for demand b served itself")
-	}
-	if ok, _ := b.Decide(t1, "k", spec, 20); ok { // 40 > 33: denied, R 40 > C 20
-		t.Fatal("b admitted 40 of its 33")
-	}
-	if ok, _ := c.Decide(t1, "k", spec, 33); !ok { // c spends its whole third
-		t.Fatal("c denied its own third")
-	}
-	send(t, t1, b, a, c)
 	if !a.Wanted() {
-		t.Fatal("a, holding a third unused, did not want to give to b, which denied")
+		t.Fatal("a, idle with a third unused, did not want to give to b, which asks")
 	}
 	if a.Wanted() {
 		t.Fatal("Wanted said so twice for one hearing")
 	}
+	send(t, t1, b, a)
+	if a.Wanted() {
+		t.Fatal("a wanted to give again when b's demand had not grown")
+	}
+	if ok, _ := c.Decide(t1, "k", spec, 33); !ok { // c spends its whole third
+		t.Fatal("c denied its own third")
+	}
+	send(t, t1, b, c)
 	if c.Wanted() {
 		t.Fatal("c, with nothing to spare, wanted to give")
+	}
+
+	// Demand as large at a as at b: a's target is a half, it holds a
+	// third, and it keeps it. Once c gives a its third (c is idle), a
+	// holds two thirds against a target of a half: it wants to give b the
+	// rest.
+	a, b, c = trio(t, 0)
+	for _, l := range []*Ledger{a, b} {
+		if ok, _ := l.Decide(t1, "k", spec, 10); !ok {
+			t.Fatal("denied 10 of a third")
+		}
+	}
+	send(t, t1, b, a)
+	if a.Wanted() {
+		t.Fatal("a, demanded of as much as b, wanted to give b its third")
+	}
+	send(t, t1, a, c)
+	if !c.Wanted() {
+		t.Fatal("c, idle, did not want to give to a")
+	}
+	for _, it := range c.Rebalance(t1) {
+		if it.To == "a" {
+			if err := a.Apply(News{From: "c", SentAt: t1}, []Item{it}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if !a.Wanted() {
+		t.Fatalf("a, given beyond its half (holds %d of %d), did not want to give b the rest", a.Held("k", spec, 0), a.Scale())
+	}
+
+	// A window that is over wants nothing, whatever is heard of it.
+	a, b, _ = trio(t, 0)
+	b.Decide(t1, "k", spec, 5)
+	a.Decide(t1+2*sec, "other", spec, 1)
+	send(t, t1, b, a)
+	if a.Wanted() {
+		t.Fatal("a wanted to give of a window that ended a second ago")
 	}
 }
