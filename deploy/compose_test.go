@@ -234,7 +234,7 @@ func TestComposeFile(t *testing.T) {
 		}
 		for _, k := range []string{"EDGELIMIT_HUB_URL", "EDGELIMIT_HUB_URL_2", "EDGELIMIT_HUB_URL_3"} {
 			if u, ok := env[k]; ok {
-				want(name, k, u, "7422", func(h string) bool { _, hub := svcs[h].Environment["EDGELIMIT_LEAF_PASSWORD"]; return hub })
+				want(name, k, u, "7422", func(h string) bool { _, hub := svcs[h].Environment["EDGELIMIT_LEAF_NKEY"]; return hub })
 			}
 		}
 	}

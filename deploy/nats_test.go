@@ -27,7 +27,6 @@ func natsServerBin(t *testing.T) string {
 // Passwords as an operator would make them: letters and digits (a value of
 // digits only would be read as a number; see hub-region.conf).
 const (
-	leafPassword  = "leaf3Secret8Zw"
 	sysPassword   = "sys5Secret2Ky"
 	probePassword = "probe4Secret1Wv"
 )
@@ -118,12 +117,16 @@ func startRegion(t *testing.T, conf, region string, hub []*natsServer, keys stri
 		for i, o := range servers {
 			env = append(env, fmt.Sprintf("NATS_ROUTE_%d=nats-route://127.0.0.1:%d", i+1, o.route))
 		}
+		hubKey, leafSeed, err := lab.LeafEnv(keys)
+		if err != nil {
+			t.Fatal(err)
+		}
 		if hub == nil {
 			pairs = append(pairs, "listen: 0.0.0.0:7422", fmt.Sprintf("listen: 127.0.0.1:%d", s.lf))
-			env = append(env, "EDGELIMIT_LEAF_PASSWORD="+leafPassword)
+			env = append(env, hubKey)
 		} else {
-			env = append(env,
-				fmt.Sprintf("EDGELIMIT_HUB_URL=nats-leaf://leaf:%s@127.0.0.1:%d", leafPassword, hub[0].lf),
+			env = append(env, leafSeed,
+				fmt.Sprintf("EDGELIMIT_HUB_URL=nats-leaf://127.0.0.1:%d", hub[0].lf),
 				fmt.Sprintf("EDGELIMIT_HUB_URL_2=nats-leaf://127.0.0.1:%d", hub[1].lf),
 				fmt.Sprintf("EDGELIMIT_HUB_URL_3=nats-leaf://127.0.0.1:%d", hub[2].lf))
 		}
@@ -229,10 +232,11 @@ func waitSourced(t *testing.T, s *natsServer, region string, since time.Time) {
 
 // TestNATSConfigsLinkRegions runs deploy/nats/hub-region.conf (region eu)
 // and leaf-region.conf (region us) as an operator would — three nats-server
-// processes per region, of the version go.mod names, passwords from the
-// environment — with the hub server named in EDGELIMIT_HUB_URL stopped (SIGTERM) before
-// the leaves start, so that they must log in to the other hub servers with
-// the credentials of that URL; the leaf links run over TLS (the files' tls
+// processes per region, of the version go.mod names, secrets and the leaf
+// links' nkey (natsconf's keys/leaf.nk) from the environment — with the hub
+// server named in EDGELIMIT_HUB_URL stopped (SIGTERM) before the leaves
+// start, so that they must log in to the other hub servers; the leaf links
+// run over TLS (the files' tls
 // blocks uncommented, certificates made by the test). Every PoP has its own
 // nkey (edgelimit natsconf). One PoP per region (edgelimit pop --nats ...
 // --nats-nkey <pop>.nk) counts a global limit: each side must apply the

@@ -39,6 +39,11 @@ func TestNatsconf(t *testing.T) {
 			t.Errorf("authorized_keys has no %q line:\n%s", user, authorized)
 		}
 	}
+	// leaf.pub is leaf.nk's public key, for a hub of nats-servers.
+	leafPub, _ := os.ReadFile(filepath.Join(dir, "leaf.pub"))
+	if pub := strings.TrimSpace(string(leafPub)); pub == "" || !strings.Contains(string(authorized), "\n_leaf "+pub+"\n") {
+		t.Errorf("leaf.pub %q is not the _leaf key of authorized_keys:\n%s", leafPub, authorized)
+	}
 	// No PoP may administer a stream: only the operator's key has the
 	// JetStream API beyond creating its region's stream.
 	for _, line := range strings.Split(string(conf), "\n") {

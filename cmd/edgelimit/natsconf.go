@@ -26,15 +26,18 @@ each PoP may publish only its own subjects:
   DIR/admin.nk                 the operator's seed: creates and updates the streams
                                (--nats-admin-nkey, for PoPs on external NATS servers); keep it
                                off the PoPs otherwise
-  DIR/leaf.nk                  the leaf links' seed: a region's embedded NATS server logs in
-                               with it at the hub (--nats-leaf-nkey); it relays every subject,
-                               so only the PoPs that run a leaf region's server hold it
+  DIR/leaf.nk                  the leaf links' seed: a leaf region's NATS server logs in with
+                               it at the hub (embedded: --nats-leaf-nkey; deploy/nats: its
+                               content as EDGELIMIT_LEAF_SEED); it relays every subject, so only
+                               the leaf regions' servers (or the PoPs that run them) hold it
+  DIR/leaf.pub                 leaf.nk's public key, which the hub's nats-servers let in
+                               (deploy/nats: EDGELIMIT_LEAF_NKEY)
   DIR/authorized_keys          "<pop> <public nkey>" lines, and "_admin" and "_leaf" ones, for
                                embedded NATS servers (--nats-authorized-keys)
   DIR/edgelimit-accounts.conf  the accounts section of a nats-server configuration
                                (deploy/nats/*.conf include it)
 
-Only public keys leave the seed files, so the other two files hold no secret. Run it again
+Only public keys leave the seed files, so the other three files hold no secret. Run it again
 after changing the topology: existing seeds are kept, new PoPs get new ones.
 
 Flags:
@@ -83,7 +86,7 @@ func runNatsconf(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(&authorized, "%s %s\n", p, pub)
 		}
 	}
-	var admin string
+	var admin, leaf string
 	for _, user := range []string{replication.AdminUser, replication.LeafUser} {
 		file := filepath.Join(dir, strings.TrimPrefix(user, "_")+".nk")
 		pub, created, err := popSeed(file)
@@ -93,8 +96,11 @@ func runNatsconf(args []string, stdout, stderr io.Writer) error {
 		if created {
 			fmt.Fprintf(stdout, "new seed %s\n", file)
 		}
-		if user == replication.AdminUser {
+		switch user {
+		case replication.AdminUser:
 			admin = pub
+		case replication.LeafUser:
+			leaf = pub
 		}
 		fmt.Fprintf(&authorized, "%s %s\n", user, pub)
 	}
@@ -102,6 +108,7 @@ func runNatsconf(args []string, stdout, stderr io.Writer) error {
 	for name, data := range map[string][]byte{
 		"authorized_keys":         []byte(authorized.String()),
 		"edgelimit-accounts.conf": replication.AccountsConf(keys, admin, command),
+		"leaf.pub":                []byte(leaf + "\n"),
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
 			return err

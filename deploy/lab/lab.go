@@ -27,7 +27,6 @@ import (
 // them (letters and digits; see deploy/nats/hub-region.conf).
 const (
 	probePassword = "labProbe4Secret1"
-	leafPassword  = "labLeaf3Secret8"
 	sysPassword   = "labSys5Secret2"
 )
 
@@ -301,6 +300,10 @@ func (l *lab) startNATS(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	hubKey, leafSeed, err := LeafEnv(l.keysDir())
+	if err != nil {
+		return err
+	}
 	for ri, r := range l.plan.Regions {
 		conf := "leaf-region.conf"
 		if ri == 0 {
@@ -332,12 +335,12 @@ func (l *lab) startNATS(ctx context.Context) error {
 				env = append(env, fmt.Sprintf("NATS_ROUTE_%d=nats-route://%s:6222", i+1, o.IP))
 			}
 			if ri == 0 {
-				env = append(env, "EDGELIMIT_LEAF_PASSWORD="+leafPassword)
+				env = append(env, hubKey)
 			} else {
 				// The relays on this region's wan address, one per hub server.
 				w := wanIP(r.Index, false)
-				env = append(env,
-					fmt.Sprintf("EDGELIMIT_HUB_URL=nats-leaf://leaf:%s@%s:%d", leafPassword, w, natsLeafPort),
+				env = append(env, leafSeed,
+					fmt.Sprintf("EDGELIMIT_HUB_URL=nats-leaf://%s:%d", w, natsLeafPort),
 					fmt.Sprintf("EDGELIMIT_HUB_URL_2=nats-leaf://%s:%d", w, natsLeafPort+1),
 					fmt.Sprintf("EDGELIMIT_HUB_URL_3=nats-leaf://%s:%d", w, natsLeafPort+2))
 			}

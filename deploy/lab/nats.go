@@ -3,6 +3,8 @@ package lab
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -10,7 +12,33 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 )
+
+// LeafEnv returns the environment entries that link deploy/nats's regions
+// with the leaf links' nkey that edgelimit natsconf wrote to keys, as an
+// operator sets them: the hub's EDGELIMIT_LEAF_NKEY, keys/leaf.pub, and the
+// leaf regions' EDGELIMIT_LEAF_SEED, keys/leaf.nk. It checks that the two
+// are one key.
+func LeafEnv(keys string) (hub, leaf string, err error) {
+	var text [2]string
+	for i, name := range []string{"leaf.pub", "leaf.nk"} {
+		b, err := os.ReadFile(filepath.Join(keys, name))
+		if err != nil {
+			return "", "", err
+		}
+		text[i] = strings.TrimSpace(string(b))
+	}
+	pub, seed := text[0], text[1]
+	kp, err := nkeys.FromSeed([]byte(seed))
+	if err != nil {
+		return "", "", fmt.Errorf("%s: %w", filepath.Join(keys, "leaf.nk"), err)
+	}
+	if p, err := kp.PublicKey(); err != nil || p != pub {
+		return "", "", fmt.Errorf("%s does not hold leaf.nk's public key (%s, %v)", filepath.Join(keys, "leaf.pub"), p, err)
+	}
+	return "EDGELIMIT_LEAF_NKEY=" + pub, "EDGELIMIT_LEAF_SEED=" + seed, nil
+}
 
 // ConfVars returns the variables ($NAME) a nats-server config uses outside
 // comments: the environment must set each (the server refuses to start on

@@ -238,10 +238,7 @@ func tcpUp(port int) error {
 	return c.Close()
 }
 
-const (
-	leafPassword = "leaf3Soak8Zw"
-	sysPassword  = "sys5Soak2Ky"
-)
+const sysPassword = "sys5Soak2Ky"
 
 var clusterBlock = regexp.MustCompile(`(?s)\ncluster \{.*?\n\}\n`)
 
@@ -326,7 +323,12 @@ func (s *soak) setup(ctx context.Context) error {
 		return err
 	}
 
-	// NATS: eu is the hub, us a leaf region linked to it.
+	// NATS: eu is the hub, us a leaf region linked to it with natsconf's
+	// leaf.nk.
+	hubKey, leafSeed, err := lab.LeafEnv(keys)
+	if err != nil {
+		return err
+	}
 	s.natsSrv = map[string]*natsProc{}
 	for _, region := range []string{"eu", "us"} {
 		n := &natsProc{region: region}
@@ -340,11 +342,11 @@ func (s *soak) setup(ctx context.Context) error {
 			if n.leaf, err = freePort(); err != nil {
 				return err
 			}
-			n.env = append(n.env, "EDGELIMIT_LEAF_PASSWORD="+leafPassword)
+			n.env = append(n.env, hubKey)
 		} else {
 			hub := s.natsSrv["eu"].leaf
-			n.env = append(n.env,
-				fmt.Sprintf("EDGELIMIT_HUB_URL=nats-leaf://leaf:%s@127.0.0.1:%d", leafPassword, hub),
+			n.env = append(n.env, leafSeed,
+				fmt.Sprintf("EDGELIMIT_HUB_URL=nats-leaf://127.0.0.1:%d", hub),
 				fmt.Sprintf("EDGELIMIT_HUB_URL_2=nats-leaf://127.0.0.1:%d", hub),
 				fmt.Sprintf("EDGELIMIT_HUB_URL_3=nats-leaf://127.0.0.1:%d", hub))
 		}
