@@ -115,6 +115,7 @@ func (r *Replicator) apply(rd core.Ready) {
 		r.droppedBits[why].Add(uint64(n))
 	}
 	for _, a := range rd.Apply {
+		r.peers.note(a.POP, a.Kind, r.cfg.Now())
 		if a.Kind == core.Hello {
 			if b, ok := r.cfg.Counts.(BeaconCounts); ok {
 				b.Beacon(a.POP)

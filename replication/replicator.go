@@ -147,6 +147,8 @@ type Replicator struct {
 	droppedBits                                           [NumBitDropReasons]atomic.Uint64
 	rejected                                              [NumRejectReasons]atomic.Uint64
 	bitLag                                                lagHistogram
+
+	peers peerLog // when each other PoP was last heard (Peers)
 }
 
 // Saver is a Counts that persists own slots before they may be published

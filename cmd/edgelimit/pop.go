@@ -214,6 +214,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	cfg.Logger = log
+	cfg.Version = buildVersion()
 	routeRedisLog(log)
 	if len(ignoredEnv) > 0 {
 		log.Warn("Envoy's ratelimit's settings are in the environment but read only with --envoy-compat (or set the flags they mean)", "variables", strings.Join(ignoredEnv, ","))

@@ -294,6 +294,14 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			return err
 		}
 		registerStreamHealth(reg, r, links)
+		if h.ReportStatus != nil {
+			rs := &replStatus{r: r, nc: nc, direct: direct, unreachableAfter: f.unreachableAfter, links: links,
+				problems: []func() error{catchUp, r.StreamErr, r.JetStreamFull, links.Refused}}
+			if guard != nil {
+				rs.problems = append(rs.problems, guard.Full)
+			}
+			h.ReportStatus(rs.status)
+		}
 		ready := func() error {
 			if err := catchUp(); err != nil {
 				return err

@@ -25,6 +25,15 @@ func runVersion(args []string, stdout io.Writer) error {
 	return nil
 }
 
+// buildVersion is versionLine of this binary.
+func buildVersion() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		info = nil
+	}
+	return versionLine(info)
+}
+
 // versionLine is one line naming the module version, the commit (marked
 // modified when the work tree had changes), its time and the Go version of
 // info; nil info is a binary built without module support.

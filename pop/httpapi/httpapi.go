@@ -9,6 +9,8 @@
 //	GET  /healthz         the process is up
 //	GET  /readyz          the PoP can answer checks
 //	GET  /metrics         Prometheus
+//	GET  /status          the PoP's state for a person (HTML) or a tool (?format=json)
+//	GET  /                redirects to /status
 //
 // Every check response carries X-RateLimit-Limit, X-RateLimit-Remaining and
 // X-RateLimit-Reset (Unix seconds), and the IETF RateLimit-Policy and
@@ -82,6 +84,9 @@ type Config struct {
 	MetricsHandler http.Handler
 	// Ready reports whether the PoP can answer checks; nil means always.
 	Ready func() error
+	// Status, when set, makes the PoP's state for GET /status (status.go),
+	// and GET / redirects there. It is called once per request.
+	Status func() *Status
 	// MaxBody caps request bodies; 0 means DefaultMaxBody (×MaxBatch/8 for batches).
 	MaxBody int64
 	// MaxBodyMemory bounds the bytes held for request bodies (and their
@@ -214,9 +219,10 @@ func New(cfg Config) *Server {
 	if cfg.MetricsHandler != nil {
 		s.mux.HandleFunc("/metrics", onlyGet(cfg.MetricsHandler.ServeHTTP))
 	}
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "NOT_FOUND", "", fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
-	})
+	if cfg.Status != nil {
+		s.mux.HandleFunc("/status", onlyGet(s.handleStatus))
+	}
+	s.mux.HandleFunc("/", s.handleRoot)
 	return s
 }
 

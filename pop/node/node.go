@@ -178,6 +178,8 @@ type Config struct {
 	// 0 keeps none.
 	TopKeys int
 	Logger  *slog.Logger
+	// Version names the build on the status page (GET /status).
+	Version string
 	// Ready, when set, receives the address the API listens on once it does.
 	Ready chan<- net.Addr
 	// GRPCReady, when set with GRPCListen, receives the address the gRPC
@@ -229,6 +231,10 @@ type ReplicaHooks struct {
 	// Config.HoldReplicated, checks of region and global items wait until
 	// then. Calling it again does nothing.
 	CaughtUp func()
+	// ReportStatus hands the node what Replicate reports of replication for
+	// the status page: NATS, the other PoPs heard, the regions cut off. The
+	// node fills in GlobalShare. It is called at most once, from Replicate.
+	ReportStatus func(func() httpapi.ReplicationStatus)
 }
 
 // DurableHooks is what the node hands to Config.Durable.
@@ -294,7 +300,8 @@ func Run(ctx context.Context, cfg Config) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := pop.NewMetrics(reg)
+	statusReg := prometheus.NewRegistry() // pop.Metrics alone, for the status page's samples
+	metrics := pop.NewMetrics(teeRegisterer{reg, statusReg})
 
 	st, mem, counts, ping, closeStore, err := openStore(cfg, reg)
 	if err != nil {
@@ -314,6 +321,10 @@ func Run(ctx context.Context, cfg Config) error {
 		defer close(stop)
 		go every(interval, stop, func(now int64) { health.probe(time.Unix(0, now)) })
 	}
+
+	status := &statusSource{cfg: &cfg, started: time.Now(), listen: ln.Addr().String(), mem: mem, health: health, metrics: statusReg}
+	status.fb, _ = st.(*store.Fallback)
+	status.loaded(set, status.started, false)
 
 	strongStore, err := openStrong(cfg, st, reg)
 	if err != nil {
@@ -398,7 +409,8 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		run, replReady, err := cfg.Replicate(ctx, ReplicaHooks{Counts: counts, Bits: mit, Registerer: reg, SetGlobalShare: eng.SetGlobalShare, SetClockOffset: setClock,
 			Strong: strongStore, Now: eng.Now,
-			Bounds: eng.ReplicaBounds(), CaughtUp: func() {
+			ReportStatus: func(f func() httpapi.ReplicationStatus) { status.repl.Store(&f) },
+			Bounds:       eng.ReplicaBounds(), CaughtUp: func() {
 				if hold != nil {
 					hold.release()
 				}
@@ -435,9 +447,11 @@ func Run(ctx context.Context, cfg Config) error {
 				warnScopes(log, s, warned)
 			}
 			eng.SetRules(s)
+			status.loaded(s, time.Now(), true)
 		},
 		func(err error) {
 			metrics.RulesFailed()
+			status.failed(err, time.Now())
 			log.Error("rules reload failed; the last good rules stay in force", "err", err)
 		})
 
@@ -448,6 +462,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Metrics:         metrics,
 		MetricsHandler:  promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
 		Ready:           ready,
+		Status:          func() *httpapi.Status { return status.status(time.Now()) },
 		MaxBodyMemory:   cfg.MaxBodyMemory,
 		ClientIPHeader:  cfg.ClientIPHeader,
 		HideMitigations: cfg.HideMitigations,
@@ -473,6 +488,8 @@ func Run(ctx context.Context, cfg Config) error {
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+	status.eng, status.mit, status.ready = eng, mit, ready
+	go every(trafficSampleEvery, ctx.Done(), func(now int64) { status.sample(time.Unix(0, now), true) })
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("PoP serving", "listen", ln.Addr().String(), "store", storeName(cfg.Store), "data", cfg.DataDir)
