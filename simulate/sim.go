@@ -728,6 +728,15 @@ func (r *run) ready(p int) {
 			r.stores[p].MoveClock(r.clock(p), r.skew[p]-old)
 		}
 		c.Advance(rd)
+		if r.replicated && r.urgent[p] != nil {
+			// What it applied may ask for an early flush (a bounded
+			// limit's Ledger.Wanted), as the replicator hears at once.
+			select {
+			case <-r.urgent[p]:
+				c.Urgent(r.clock(p))
+			default:
+			}
+		}
 	}
 	r.reschedule(p)
 }
