@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/edgelimit/edgelimit/pop/rules"
 )
 
 // Status is one PoP's state as GET /status shows it to an operator: who it
@@ -33,6 +35,23 @@ type Status struct {
 	Rules    RulesStatus        `json:"rules"`
 	Repl     *ReplicationStatus `json:"replication,omitempty"` // nil: the PoP does not replicate
 	Traffic  TrafficStatus      `json:"traffic"`
+	// Top are the most limited keys (GET /v1/top's first statusTopKeys),
+	// filled in by the server; nil when /v1/top is not served (no sketch,
+	// or HideMitigations: they are key values, possibly API keys).
+	Top *TopStatus `json:"top_limited_keys,omitempty"`
+}
+
+// TopStatus is the most limited keys since start, most denied first.
+type TopStatus struct {
+	Total uint64   `json:"total"` // every denial counted
+	Keys  []TopKey `json:"keys"`
+}
+
+// TopKey is one of them: its denials, at most Error above the truth.
+type TopKey struct {
+	Key   string `json:"key"`
+	Count uint64 `json:"count"`
+	Error uint64 `json:"error"`
 }
 
 // StoreStatus is the counter store.
@@ -125,10 +144,20 @@ type TrafficStatus struct {
 // statusRefresh is how often the page reloads itself, in seconds.
 const statusRefresh = 5
 
+// statusTopKeys is how many of the most limited keys the page lists.
+const statusTopKeys = 5
+
 // handleStatus serves the status page: HTML for a browser, JSON for
 // ?format=json or a client that accepts JSON and not HTML.
 func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 	st := s.cfg.Status()
+	if s.cfg.TopKeys != nil && !s.cfg.HideMitigations && st.Top == nil {
+		top := &TopStatus{Total: s.cfg.TopKeys.Total(), Keys: []TopKey{}}
+		for _, e := range s.cfg.TopKeys.Top(statusTopKeys) {
+			top.Keys = append(top.Keys, TopKey{Key: rules.DescribeKey(e.Key), Count: e.Count, Error: e.Err})
+		}
+		st.Top = top
+	}
 	w.Header().Set("Cache-Control", "no-store")
 	if wantsJSON(r) {
 		b, err := json.MarshalIndent(st, "", "  ")
@@ -245,6 +274,7 @@ var statusPage = template.Must(template.New("status").Funcs(statusFuncs).Parse(`
 <style>
 body { font: 15px/1.45 system-ui, sans-serif; color: #222; margin: 1.5em auto; max-width: 60em; padding: 0 1em; }
 h1 { font-size: 1.5em; margin: 0 0 0.1em; }
+h3 { font-size: 1em; margin: 1.2em 0 0.3em; }
 h2 { font-size: 1.1em; margin: 1.6em 0 0.4em; border-bottom: 1px solid #ddd; padding-bottom: 0.2em; }
 .sub { color: #555; margin: 0; }
 .badge { display: inline-block; padding: 0.1em 0.6em; border-radius: 0.8em; font-size: 0.8em; font-weight: 600; vertical-align: middle; }
@@ -275,6 +305,12 @@ footer { margin-top: 2em; color: #666; font-size: 0.9em; }
 <tr><th>denials</th><td>{{rate .Traffic.DeniedPerSecond}}/s · {{.Traffic.Denied}} since start{{if .Traffic.Mitigated}}, {{.Traffic.Mitigated}} of them by a mitigation bit{{end}}</td></tr>
 <tr><th>mitigation bits in force</th><td>{{.Traffic.MitigationBits}}</td></tr>
 </table>
+{{with .Top}}<h3>Most limited keys</h3>
+{{if .Keys}}<table class="grid">
+<tr><th>key</th><th>denials since start</th></tr>
+{{range .Keys}}<tr><td class="mono">{{.Key}}</td><td class="num">{{.Count}}{{if .Error}} (at most {{.Error}} fewer){{end}}</td></tr>
+{{end}}</table>
+<p class="sub">Of {{.Total}} denials counted; <a href="/v1/top?n=50">/v1/top</a> lists more.</p>{{else}}<p class="sub">No key denied since start.</p>{{end}}{{end}}
 
 <h2>Store</h2>
 <table class="kv">

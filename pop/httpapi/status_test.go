@@ -12,6 +12,7 @@ import (
 	"github.com/edgelimit/edgelimit/pop"
 	"github.com/edgelimit/edgelimit/pop/rules"
 	"github.com/edgelimit/edgelimit/pop/store"
+	"github.com/edgelimit/edgelimit/pop/topkeys"
 )
 
 // sampleStatus is a replicated PoP on Redis in fallback, one region cut
@@ -166,6 +167,42 @@ func TestHumanSeconds(t *testing.T) {
 	for v, want := range map[float64]string{0.04: "0.0 s", 2.25: "2.2 s", 42.4: "42 s", 65: "1 min 5 s", 7260: "2 h 1 min", 90000: "1 d 1 h", -1: "–"} {
 		if got := humanSeconds(v); got != want {
 			t.Errorf("humanSeconds(%v) = %q, want %q", v, got, want)
+		}
+	}
+}
+
+// The page lists the most limited keys, escaped, as /v1/top would; not when
+// /v1/top is hidden (they may be API keys).
+func TestStatusTopKeys(t *testing.T) {
+	set, err := rules.NewSet(rules.NewDomain("d", "test", &rules.Node{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := pop.NewEngine(store.NewMemory(store.MemoryConfig{}), set, nil)
+	top := topkeys.New(10)
+	top.Add([]byte("key<b>1</b>"), 7)
+	top.Add([]byte("key2"), 2)
+	for _, hide := range []bool{false, true} {
+		srv := httptest.NewServer(New(Config{Engine: eng, TopKeys: top, HideMitigations: hide, Status: sampleStatus}))
+		_, page := get(t, srv.URL+"/status")
+		_, body := get(t, srv.URL+"/status?format=json")
+		srv.Close()
+		var st Status
+		if err := json.Unmarshal([]byte(body), &st); err != nil {
+			t.Fatal(err)
+		}
+		if hide {
+			if strings.Contains(page, "Most limited keys") || st.Top != nil {
+				t.Errorf("with /v1/top hidden, the status lists the most limited keys")
+			}
+			continue
+		}
+		want := "key&lt;b&gt;1&lt;/b&gt;" // within rules.DescribeKey's rendering
+		if !strings.Contains(page, want) || !strings.Contains(page, "Of 9 denials counted") || strings.Contains(page, "<b>1") {
+			t.Errorf("the page does not list the most limited key %q, escaped, of 9 denials", want)
+		}
+		if st.Top == nil || st.Top.Total != 9 || len(st.Top.Keys) != 2 || st.Top.Keys[0].Count != 7 {
+			t.Errorf("JSON top_limited_keys: %+v", st.Top)
 		}
 	}
 }
