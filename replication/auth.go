@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
 
@@ -58,7 +59,15 @@ import (
 // is the only one a PoP answers, and ServeStrong answers only on an inbox,
 // so a request whose reply subject names another PoP's subject or the
 // JetStream API gets no answer.
-func Permissions(region, pop string) (publish, subscribe []string) {
+//
+// Replies come to the PoP's own inboxes only, _INBOX.<its public nkey>.…
+// (InboxPrefix; Connect sets it for a connection with an nkey): on a shared
+// "_INBOX.>" every PoP would read the others' JetStream replies and stream
+// deliveries, whose reply subjects name their consumers, and could then
+// reconfigure another PoP's consumer ($JS.API.CONSUMER.CREATE with its name
+// and another filter) to hide part of the stream from it.
+func Permissions(k PoPKey) (publish, subscribe []string) {
+	region, pop := k.Region, k.POP
 	stream := StreamName(region)
 	publish = []string{
 		DeltaSubject(region, pop),
@@ -84,10 +93,15 @@ func Permissions(region, pop string) (publish, subscribe []string) {
 		// Strong limits: the requests of which this PoP is the home, its own
 		// subject only, so no PoP can answer for another (ServeStrong).
 		StrongSubject(region, pop),
-		"_INBOX.>",
+		InboxPrefix(k.PublicKey) + ".>",
 	}
 	return publish, subscribe
 }
+
+// InboxPrefix returns the prefix of the inboxes of a connection that logs
+// in with the nkey whose public key is publicKey: "_INBOX." and the key. A
+// PoP's credential may subscribe to its own inboxes only (Permissions).
+func InboxPrefix(publicKey string) string { return nats.InboxPrefix + publicKey }
 
 // AdminPermissions returns the subjects an operator credential (edgelimit
 // natsconf's admin.nk) may publish to: the JetStream API, to create and
@@ -178,7 +192,7 @@ func nkeyUsers(keys []PoPKey) []*server.NkeyUser {
 		case AdminUser:
 			pub, sub = AdminPermissions()
 		default:
-			pub, sub = Permissions(k.Region, k.POP)
+			pub, sub = Permissions(k)
 		}
 		perms := &server.Permissions{
 			Publish:   &server.SubjectPermission{Allow: pub},

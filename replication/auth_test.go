@@ -103,7 +103,9 @@ func TestPerPoPCredentials(t *testing.T) {
 
 	// ams1's credential forges par1's delta and a beacon of region us.
 	var v violations
-	forger, err := nats.Connect(srv.ClientURL(), nats.ErrorHandler(v.handler), mustNkey(t, seeds["ams1"]))
+	// ams1's inboxes, the only ones its credential may read (Permissions).
+	forger, err := nats.Connect(srv.ClientURL(), nats.ErrorHandler(v.handler), mustNkey(t, seeds["ams1"]),
+		nats.CustomInboxPrefix(replication.InboxPrefix(keys[2].PublicKey)))
 	if err != nil {
 		t.Fatal(err)
 	}

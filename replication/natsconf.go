@@ -30,7 +30,7 @@ func AccountsConf(keys []PoPKey, admin, command string) []byte {
 		return "[" + strings.Join(q, ", ") + "]"
 	}
 	for _, k := range keys {
-		pub, sub := Permissions(k.Region, k.POP)
+		pub, sub := Permissions(k)
 		fmt.Fprintf(&b, "      # %s (region %s)\n      { nkey: %s, permissions: {\n          publish: { allow: %s }\n          subscribe: { allow: %s }\n          allow_responses: true } }\n",
 			k.POP, k.Region, k.PublicKey, list(pub), list(sub))
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -161,7 +162,12 @@ func Connect(cfg ConnConfig) (*nats.Conn, error) {
 		if err != nil {
 			return nil, fmt.Errorf("replication: NATS nkey seed %s: %w", cfg.NKeySeedFile, err)
 		}
-		opts = append(opts, o)
+		pub, err := seedPublicKey(cfg.NKeySeedFile)
+		if err != nil {
+			return nil, fmt.Errorf("replication: NATS nkey seed %s: %w", cfg.NKeySeedFile, err)
+		}
+		// Its own inboxes: the only ones a PoP's nkey may read (Permissions).
+		opts = append(opts, o, nats.CustomInboxPrefix(InboxPrefix(pub)))
 	case cfg.CredsFile != "":
 		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
 	case cfg.NKey != nil:
@@ -169,7 +175,7 @@ func Connect(cfg ConnConfig) (*nats.Conn, error) {
 		if err != nil {
 			return nil, fmt.Errorf("replication: NATS nkey: %w", err)
 		}
-		opts = append(opts, nats.Nkey(pub, cfg.NKey.Sign))
+		opts = append(opts, nats.Nkey(pub, cfg.NKey.Sign), nats.CustomInboxPrefix(InboxPrefix(pub)))
 	}
 	if cfg.CAFile != "" {
 		opts = append(opts, nats.RootCAs(cfg.CAFile))
@@ -192,6 +198,19 @@ func Connect(cfg ConnConfig) (*nats.Conn, error) {
 		}
 	}
 	return nc, nil
+}
+
+// seedPublicKey returns the public key of the nkey seed in file.
+func seedPublicKey(file string) (string, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", err
+	}
+	kp, err := nkeys.ParseDecoratedNKey(b)
+	if err != nil {
+		return "", err
+	}
+	return kp.PublicKey()
 }
 
 // connected runs when nc (re)connects after Connect returned: it logs the

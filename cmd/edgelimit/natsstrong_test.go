@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 
 	"github.com/edgelimit/edgelimit/region"
 	"github.com/edgelimit/edgelimit/region/strong"
@@ -307,5 +308,93 @@ func TestNatsconfPoPCannotDeleteConsumers(t *testing.T) {
 			t.Fatalf("consumer %s is gone after the refused deletes", name)
 		}
 		t.Fatal(err)
+	}
+}
+
+// TestNatsconfInboxesArePerPoP: with the credentials `edgelimit natsconf`
+// writes, on both kinds of servers, a PoP reads replies on its own inboxes
+// (_INBOX.<its public nkey>, which replication.Connect sets) and on no
+// other: a JetStream request of eu-2 is answered, while eu-2's
+// subscriptions to every inbox and to eu-1's are refused, and none of the
+// replies and stream messages eu-1 then gets on its inboxes — whose reply
+// subjects name its consumer — reaches eu-2.
+func TestNatsconfInboxesArePerPoP(t *testing.T) {
+	keys, urls := natsconfServers(t, "eu=eu-1,eu-2")
+	pubOf := func(pop string) string {
+		b, err := os.ReadFile(filepath.Join(keys, pop+".nk"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		kp, err := nkeys.ParseDecoratedNKey(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, err := kp.PublicKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pub
+	}
+	for name, url := range urls {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+			defer cancel()
+			var errs asyncErrs
+			spy := popConn(t, url, keys, "eu-2", &errs)
+			sjs, err := jetstream.New(spy)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := sjs.AccountInfo(ctx); err != nil {
+				t.Fatalf("eu-2's JetStream request, answered on its own inbox: %v (asynchronous errors %v)", err, errs.errs)
+			}
+			var stolen []*nats.Subscription
+			for _, subject := range []string{"_INBOX.>", replication.InboxPrefix(pubOf("eu-1")) + ".>"} {
+				s, err := spy.SubscribeSync(subject)
+				if err != nil {
+					t.Fatal(err)
+				}
+				stolen = append(stolen, s)
+				waitFor(t, "refused the subscription to "+subject, 60*time.Second, func() bool {
+					return errs.has(`Permissions Violation for Subscription to "` + subject + `"`)
+				})
+			}
+
+			// eu-1 reads its region's stream (as a Replicator does) and
+			// gets a message on its inbox, with its consumer's name.
+			own := popConn(t, url, keys, "eu-1", nil)
+			js, err := jetstream.New(own)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stream := replication.StreamName("eu")
+			if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{"edgelimit.eu.>"}, MaxAge: time.Minute}); err != nil {
+				t.Fatalf("eu-1 creating its region's missing stream: %v", err)
+			}
+			if _, err := js.Publish(ctx, replication.DeltaSubject("eu", "eu-1"), []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			msg, err := cons.Next(jetstream.FetchMaxWait(60 * time.Second))
+			if err != nil {
+				t.Fatalf("eu-1 reading its stream: %v", err)
+			}
+			if !strings.Contains(msg.Reply(), cons.CachedInfo().Name) {
+				t.Fatalf("the delivery's reply subject %q does not name eu-1's consumer %s", msg.Reply(), cons.CachedInfo().Name)
+			}
+			// The server writes a message to each subscriber before it
+			// answers a later PING of that subscriber's connection.
+			if err := spy.FlushTimeout(60 * time.Second); err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range stolen {
+				if n, _, _ := s.Pending(); n != 0 {
+					t.Errorf("eu-2's subscription to %s got %d of eu-1's messages", s.Subject, n)
+				}
+			}
+		})
 	}
 }
