@@ -881,7 +881,7 @@ func itemFor(l *rules.Limit, key []byte, share uint64, countDenied bool) limit.I
 	// the allowances this PoP holds are all it can admit.
 	if share != 0 && l.Scope == limit.ScopeGlobal && l.Consistency != limit.Bounded {
 		it.Spec.Limit = int64(float64(it.Spec.Limit) * math.Float64frombits(share))
-		it.Shrunk = true
+		it.Shrunk, it.Unshrunk = true, l.Spec.Limit
 	}
 	return it
 }

@@ -484,7 +484,9 @@ func runStrategy(sc *Scenario, top *topology, arrivals *reader, keys []string, t
 				return nil, nil, fmt.Errorf("simulate: %w", err)
 			}
 			r.strongs[i] = st
-			return pop.NewEngine(st, set, nil), m, nil
+			e := pop.NewEngine(st, set, nil)
+			st.UseGlobalShare(e.GlobalShare)
+			return e, m, nil
 		}
 		return pop.NewEngine(m, set, nil), m, nil
 	}

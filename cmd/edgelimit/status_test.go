@@ -14,7 +14,8 @@ import (
 
 // Two PoPs in two regions over embedded NATS linked by a leaf: each one's
 // status page names it and its region, its rules, its NATS connection, and
-// the other PoP heard from moments ago; GET / leads a browser there.
+// the other PoP heard from moments ago, its beacons and its counts; GET /
+// leads a browser there.
 func TestPoPStatusPage(t *testing.T) {
 	bin := buildBinary(t)
 	dir := t.TempDir()
@@ -28,6 +29,9 @@ func TestPoPStatusPage(t *testing.T) {
 	startPoP(t, bin, append([]string{"--listen", b, "--data", filepath.Join(dir, "b"), "--region", "us", "--pop", "b",
 		"--nats-port", port(), "--nats-leaf-remote", "nats-leaf://127.0.0.1:" + leaf}, common...)...)
 
+	// b counts a hit, which reaches a with b's next flush: a's page then
+	// has heard b's beacons and its counts.
+	checkKey(t, b, "warm")
 	var st httpapi.Status
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -41,11 +45,11 @@ func TestPoPStatusPage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Repl != nil && len(st.Repl.Peers) == 1 && st.Repl.Peers[0].BeaconAgoSeconds != nil {
+		if st.Repl != nil && len(st.Repl.Peers) == 1 && st.Repl.Peers[0].BeaconAgoSeconds != nil && st.Repl.Peers[0].DataAgoSeconds != nil {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("a's status names no beacon of b after 20 s: %+v", st.Repl)
+			t.Fatalf("a's status names no beacon and no counts of b after 20 s: %+v", st.Repl)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -99,6 +99,10 @@ type Item struct {
 	// pace — each side of a cut would let in its share again in the
 	// window after it shrank. Stores that replicate apply it.
 	Shrunk bool
+	// Unshrunk is a Shrunk item's limit as configured, before the share
+	// cut it: a strong limit's home decides with it, whatever share the
+	// asking PoP holds (store.Strong).
+	Unshrunk int64
 	// Consistency is how a region or global item holds across replicas;
 	// stores that replicate apply it, and ignore it for ScopePOP.
 	Consistency Consistency

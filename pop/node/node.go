@@ -340,6 +340,9 @@ func Run(ctx context.Context, cfg Config) error {
 		defer hold.release() // whatever happens, nothing waits past Run
 	}
 	eng := pop.NewEngine(st, set, metrics)
+	if strongStore != nil {
+		strongStore.UseGlobalShare(eng.GlobalShare) // a home decides at the share its engine holds
+	}
 	eng.SetCountDenied(cfg.CountDeniedHits)
 	eng.SetQuotaMode(cfg.QuotaMode)
 	eng.SetShadowMode(cfg.ShadowMode)

@@ -120,6 +120,7 @@ type Strong struct {
 	rtt map[string]*strong.RTT // per home PoP; requires mu
 
 	asker                                             atomic.Pointer[Asker]
+	share                                             atomic.Pointer[func() float64] // UseGlobalShare
 	asked, unreachable, failClosed, answered, refused atomic.Uint64
 }
 
@@ -172,12 +173,52 @@ func (s *Strong) HomeOf(key string, sc limit.Scope) (strong.Home, error) {
 	return strong.HomeOf(key, s.cfg.Regions, "")
 }
 
-// homeItem is the pop-scope item under which the home counts it.
-func homeItem(it *limit.Item) limit.Item {
+// homeItem is the pop-scope item under which the home counts it, with the
+// limit the home decides it at (homeLimit).
+func (s *Strong) homeItem(it *limit.Item) limit.Item {
 	key := make([]byte, 0, len(StrongKeyPrefix)+len(it.Key))
 	key = append(append(key, StrongKeyPrefix...), it.Key...)
-	return limit.Item{Key: key, Spec: it.Spec, Shadow: it.Shadow, Scope: limit.ScopePOP}
+	sp := configured(it)
+	sp.Limit = s.homeLimit(sp.Limit, it.Scope)
+	return limit.Item{Key: key, Spec: sp, Shadow: it.Shadow, Scope: limit.ScopePOP}
 }
+
+// configured is it's spec with the limit as configured: a PoP that finds
+// regions cut off holds its global limits to its share (limit.Item.Shrunk),
+// which is what it may admit without the home; the home's counter, which
+// every PoP that reaches the home shares, is not the asker's to shrink.
+// Were the asker's share sent, the home would hold that PoP's checks to it
+// and the others' to the whole limit, on one counter.
+func configured(it *limit.Item) limit.Spec {
+	sp := it.Spec
+	if it.Shrunk && it.Unshrunk > 0 {
+		sp.Limit = it.Unshrunk
+	}
+	return sp
+}
+
+// homeLimit is the limit a home decides a key of scope sc at, every check
+// alike, its own and those it is asked: the limit as configured, and for a
+// global limit while this PoP's replication core finds regions cut off,
+// the share it holds (UseGlobalShare), as its engine holds every global
+// limit — the regions cut off from the home decide at their share without
+// it, and the two together stay within the limit.
+func (s *Strong) homeLimit(configured int64, sc limit.Scope) int64 {
+	if sc != limit.ScopeGlobal {
+		return configured
+	}
+	if f := s.share.Load(); f != nil {
+		if share := (*f)(); share > 0 && share < 1 {
+			return int64(float64(configured) * share) // as pop.Engine shrinks it
+		}
+	}
+	return configured
+}
+
+// UseGlobalShare gives s the share of a global limit its PoP holds while
+// regions are cut off (pop.Engine.GlobalShare; 1 when none), which a home
+// decides at (homeLimit). Without it a home decides at the whole limit.
+func (s *Strong) UseGlobalShare(share func() float64) { s.share.Store(&share) }
 
 // CheckAt decides items at now: strong items at their home, the others on
 // the inner store (see Strong for how a mixed request is decided).
@@ -203,7 +244,7 @@ func (s *Strong) CheckAt(ctx context.Context, now, hits int64, items []limit.Ite
 		}
 		homes[i] = h
 		if h.PoP == s.cfg.Self {
-			local, at = append(local, homeItem(it)), append(at, i)
+			local, at = append(local, s.homeItem(it)), append(at, i)
 		} else {
 			remote = append(remote, i)
 		}
@@ -331,8 +372,9 @@ func (s *Strong) denyLocally(ctx context.Context, now, hits int64, items []limit
 // ask has home decide hits of it. fallback is true when the home did not
 // answer and the limit is not fail_closed: the caller decides it locally.
 func (s *Strong) ask(ctx context.Context, now, hits int64, it *limit.Item, home string) (d limit.Decision, fallback bool, err error) {
+	sp := configured(it)
 	req := strong.Request{ID: s.nextID.Add(1), Key: string(it.Key), Hits: hits,
-		Spec: strong.Spec{Algorithm: uint8(it.Spec.Algorithm), Limit: it.Spec.Limit, Window: it.Spec.Window, Burst: it.Spec.Burst}}
+		Spec: strong.Spec{Algorithm: uint8(sp.Algorithm), Limit: sp.Limit, Window: sp.Window, Burst: sp.Burst}}
 	s.mu.Lock()
 	r := s.rtt[home]
 	if r == nil {
@@ -421,7 +463,7 @@ func (s *Strong) answerAt(ctx context.Context, now int64, req strong.Request) (s
 	if h.PoP != s.cfg.Self {
 		return strong.Reply{}, fmt.Errorf("%w: %q's home is %s, not %s", strong.ErrMalformed, req.Key, h.PoP, s.cfg.Self)
 	}
-	it := homeItem(&limit.Item{Key: []byte(req.Key), Spec: spec})
+	it := s.homeItem(&limit.Item{Key: []byte(req.Key), Spec: spec, Scope: sc})
 	var d [1]limit.Decision
 	if err := s.inner.CheckAt(ctx, now, req.Hits, []limit.Item{it}, d[:]); err != nil {
 		return strong.Reply{}, err

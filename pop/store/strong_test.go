@@ -312,3 +312,70 @@ func TestStrongFallbackKnowsTheWindow(t *testing.T) {
 		t.Errorf("home cut: the peer admitted %d, want 1 (share 5, 4 admitted before the cut)", got)
 	}
 }
+
+// homeAndOther returns the home of it and a PoP of another region.
+func homeAndOther(t *testing.T, stores map[string]*Strong, it limit.Item) (home, other *Strong) {
+	t.Helper()
+	h, err := stores["eu-a"].HomeOf(string(it.Key), it.Scope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, s := range stores {
+		if s.cfg.Region != h.Region {
+			other = stores[name]
+			break
+		}
+	}
+	return stores[h.PoP], other
+}
+
+// A PoP that holds a global limit to its partition share (the engine's
+// Shrunk item) still has the home decide its checks with the limit the home
+// holds, as configured: the home's one counter holds every PoP to the same
+// limit, and the asker's share is only what it may admit when the home does
+// not answer.
+func TestStrongHomeDecidesWithTheConfiguredLimit(t *testing.T) {
+	n, stores := strongNet(t)
+	it := strongItem("k", 10, limit.ScopeGlobal, limit.SlidingWindow)
+	home, other := homeAndOther(t, stores, it)
+	shrunk := it
+	shrunk.Spec.Limit, shrunk.Shrunk, shrunk.Unshrunk = 5, true, 10
+	now := int64(1e12)
+	if got := admit(t, home, now, it, 6); got != 6 {
+		t.Fatalf("the home admitted %d of 6 of a limit of 10", got)
+	}
+	// 6 of 10 spent: a PoP at its share of 5 is still admitted up to 10.
+	if got := admit(t, other, now, shrunk, 6); got != 4 {
+		t.Errorf("a PoP holding half the limit, home reachable: admitted %d of 6 after 6 spent, want 4 (the home decides at 10)", got)
+	}
+	// So is the home's own check of a Shrunk item: one counter, one limit.
+	if got := admit(t, home, now+1, shrunk, 1); got != 0 {
+		t.Errorf("the home admitted %d past the limit of 10", got)
+	}
+	// Without the home the share decides: on the 4 this PoP served, within
+	// its 5, one more.
+	n.cut[home.cfg.Self] = true
+	if got := admit(t, other, now, shrunk, 5); got != 1 {
+		t.Errorf("home cut: admitted %d of 5, want 1 (share 5, 4 served here)", got)
+	}
+}
+
+// A home whose own replication core finds regions cut off decides every
+// check of a global limit at the share its engine holds, whatever the asker
+// holds: the regions cut off decide theirs without it.
+func TestStrongHomeDecidesAtItsOwnShare(t *testing.T) {
+	_, stores := strongNet(t)
+	it := strongItem("k", 10, limit.ScopeGlobal, limit.SlidingWindow)
+	home, other := homeAndOther(t, stores, it)
+	home.UseGlobalShare(func() float64 { return 0.5 })
+	if got := admit(t, other, int64(1e12), it, 8); got != 5 {
+		t.Errorf("the home at share 0.5 admitted %d of 8 asked with the whole limit 10, want 5", got)
+	}
+	// A region limit is its region's alone: no share.
+	rit := strongItem("k", 10, limit.ScopeRegion, limit.SlidingWindow)
+	rhome, _ := homeAndOther(t, stores, rit)
+	rhome.UseGlobalShare(func() float64 { return 0.5 })
+	if got := admit(t, rhome, int64(1e12), rit, 12); got != 10 {
+		t.Errorf("a region limit's home at share 0.5 admitted %d of 12, want the whole limit 10", got)
+	}
+}
