@@ -10,6 +10,7 @@ import (
 	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/limit/limittest"
 	"github.com/edgelimit/edgelimit/pop/rules"
+	"github.com/edgelimit/edgelimit/region/estimate"
 )
 
 // TestExtrapolation drives a store that hears from replica "b" every 100 ms,
@@ -334,7 +335,7 @@ func TestFirstNewsRate(t *testing.T) {
 // a second, one hit each 20 ms from 10 ms into the window; b's first news,
 // stamped 20 ms in, tells of one hit and takes 150 ms to arrive. By its one
 // hit b runs at ½ hit in 20 ms, 25 a second: 3.75 hits over the 150 ms age.
-// Taken with paceHits hits at a's pace it runs at 20.5 hits in 420 ms, 49
+// Taken with estimate.PaceHits hits at a's pace it runs at 20.5 hits in 420 ms, 49
 // a second: 7.3 hits. Where a admitted the key in the previous window too,
 // the key is not new to it, there is no such pace, and b's one hit stands.
 func TestFirstNewsPace(t *testing.T) {
@@ -365,66 +366,9 @@ func TestFirstNewsPace(t *testing.T) {
 	}
 	// a began to remember the key at its second hit, 30 ms in: 8.5 hits
 	// since in 170 ms, 50 a second.
-	paced := (0.5 + paceHits) / (20 + paceHits/0.05) * 150
+	paced := (0.5 + estimate.PaceHits) / (20 + estimate.PaceHits/0.05) * 150
 	if got := unheard(false); math.Abs(got-paced) > 1e-4 {
-		t.Errorf("key new to a: Unheard = %v, want %v (b's one hit with %v at a's pace; by it alone %v)", got, paced, paceHits, own)
-	}
-}
-
-// TestRecentSince checks what recentHits remembers: exactly what was admitted
-// after an instant its ring reaches back to, and an extrapolation at the
-// ring's rate past it.
-func TestRecentSince(t *testing.T) {
-	var r recentHits
-	for i := range int64(100) { // one hit a ms, 100 of them: the ring holds the last 32
-		r.add(i*int64(time.Millisecond), 0, 1)
-	}
-	now := 99 * int64(time.Millisecond)
-	for _, c := range []struct {
-		t    int64
-		want float64
-	}{
-		{now, 0},
-		{90 * int64(time.Millisecond), 9},
-		{68 * int64(time.Millisecond), 31}, // the oldest held is at 68 ms
-		// Past the ring: 31 hits after its oldest, in 31 ms, times 59 ms.
-		{40 * int64(time.Millisecond), 59},
-	} {
-		if got := r.since(c.t, now); got-c.want > 1e-9 || c.want-got > 1e-9 {
-			t.Errorf("since(%v) = %v, want %v", time.Duration(c.t), got, c.want)
-		}
-	}
-}
-
-// TestRecentSinceAfterPause: a ring filled by hits a new window let in
-// after a pause does not extrapolate their rate back over the pause. The
-// PoP admitted 10 hits in the first 100 ms of a 1 s window, none for the
-// rest of it (the room was gone), then 40 in the first 40 ms of the next.
-// Since an instant in the pause, it admitted those 40 and no more; the
-// ring's rate (1 a ms) over the span from there said 200 for 240 ms.
-func TestRecentSinceAfterPause(t *testing.T) {
-	ms := int64(time.Millisecond)
-	w := 1000 * ms
-	var r recentHits
-	for i := range int64(10) {
-		r.add(i*10*ms, 0, 1)
-	}
-	for i := range int64(40) {
-		r.add(w+i*ms, w, 1)
-	}
-	now := w + 39*ms
-	if got := r.since(800*ms, now); got != 40 {
-		t.Errorf("since(800ms) after a pause = %v, want the 40 admitted since", got)
-	}
-	// Before the last admission of the earlier window the pause bounds
-	// nothing: the ring's rate goes on.
-	if got, want := r.since(50*ms, now), 31.0*float64(now-50*ms)/float64(31*ms); got != want {
-		t.Errorf("since(50ms) = %v, want the ring's rate over the span, %v", got, want)
-	}
-	// A clock step moves the pause with the rest (shift).
-	r.shift(-5 * ms)
-	if got := r.since(800*ms-5*ms, now-5*ms); got != 40 {
-		t.Errorf("since after a clock step = %v, want 40", got)
+		t.Errorf("key new to a: Unheard = %v, want %v (b's one hit with %v at a's pace; by it alone %v)", got, paced, estimate.PaceHits, own)
 	}
 }
 
@@ -459,10 +403,10 @@ func TestMirrorNeedsMemory(t *testing.T) {
 	s.rep.mu.Unlock()
 	// b's news is 100 ms old (110 ms, capped at its delay while no gap
 	// between its messages is known); a remembers only 5 ms of that as
-	// near. By b's own rate, 14.5 hits in 150 ms, taken with paceHits
+	// near. By b's own rate, 14.5 hits in 150 ms, taken with estimate.PaceHits
 	// hits at a's pace since it began to remember the key (7.5 hits in
 	// 230 ms: the key is new to a, see TestFirstNewsPace), times 100 ms.
-	want := (14.5 + paceHits) / (150 + paceHits*230/7.5) * 100
+	want := (14.5 + estimate.PaceHits) / (150 + estimate.PaceHits*230/7.5) * 100
 	if d := st.Unheard - want; d > 1e-4 || d < -1e-4 { // ns stamps as float64 are off by ~256 ns
 		t.Fatalf("Unheard = %v, want %v (b's own rate with a's pace); mirroring a's one remembered hit says 1.5", st.Unheard, want)
 	}
@@ -470,7 +414,7 @@ func TestMirrorNeedsMemory(t *testing.T) {
 
 // TestMirrorFollowsStall: a replica whose news stops coming — its link stalled
 // behind a lost message — while this PoP keeps admitting the key is guessed to
-// have admitted alongside it for up to stallReach past its usual gap, not
+// have admitted alongside it for up to estimate.StallReach past its usual gap, not
 // just one gap (where the guess by its rate stops: it cannot tell a stall from
 // a replica gone quiet); and no further, where a silence is more likely a cut.
 func TestMirrorFollowsStall(t *testing.T) {
@@ -498,10 +442,10 @@ func TestMirrorFollowsStall(t *testing.T) {
 	}
 	checks := map[int64]check{
 		// 150 ms after b's last news (applied at 640 ms): 190 ms old,
-		// within one gap (10 ms) past the delay (40 ms), plus stallReach.
+		// within one gap (10 ms) past the delay (40 ms), plus estimate.StallReach.
 		t0 + 790*ms: {"stalled 150 ms", 190 * ms},
 		// Held to that: a silence longer is taken for a cut.
-		t0 + 940*ms: {"silent 300 ms", 10*ms + 40*ms + int64(stallReach)},
+		t0 + 940*ms: {"silent 300 ms", 10*ms + 40*ms + int64(estimate.StallReach)},
 	}
 	// Both admit one hit each 5 ms; b's news comes every 10 ms, 40 ms on
 	// the way, until its last, sent at 600 ms.
@@ -561,30 +505,6 @@ func TestStallReachQuietReplica(t *testing.T) {
 	}
 }
 
-// TestClockStep: when a replica's stamp-to-apply delay steps by more than
-// jitter — a clock moved — the age of its news follows at once instead of
-// over a dozen messages.
-func TestClockStep(t *testing.T) {
-	ms := int64(time.Millisecond)
-	c := &replicaClock{}
-	now := int64(1000 * time.Second)
-	for i := range int64(20) { // 310 ms: a clock 300 ms behind, 10 ms on the way
-		sent := now + i*10*ms
-		c.heard(sent+310*ms, sent)
-	}
-	// The clocks agree: the next message says 10 ms.
-	sent := now + 200*ms
-	c.heard(sent+10*ms, sent)
-	if got := c.age(sent+10*ms, 0); got != float64(10*ms) {
-		t.Fatalf("age on arrival after the step = %v, want 10ms", time.Duration(got))
-	}
-	// Jitter is smoothed, not followed.
-	c.heard(sent+10*ms+30*ms, sent+10*ms)
-	if got := c.age(sent+40*ms, 0); got != float64(10*ms)+float64(20*ms)/8 {
-		t.Fatalf("age after 30 ms of jitter = %v, want 12.5ms", time.Duration(got))
-	}
-}
-
 // perSecond is the item of a global limit of n a second with algorithm alg,
 // for the request value v of descriptor key k.
 func perSecond(alg limit.Algorithm, n int64, v string) limit.Item {
@@ -596,7 +516,7 @@ func perSecond(alg limit.Algorithm, n int64, v string) limit.Item {
 // way. At the check, half into a window, when a's latest admissions ran a little faster than its pace (1.4×:
 // the room frees as the window slides, and a happened to take more of it),
 // the mirror would guess b at 1.4 times what b admitted; the guess stays
-// within steadyCap of b's own rate. When a admitted at three times its pace
+// within estimate.SteadyCap of b's own rate. When a admitted at three times its pace
 // (the room opened), the guess follows the mirror.
 func TestMirrorSteadyCap(t *testing.T) {
 	ms := int64(time.Millisecond)
@@ -661,8 +581,8 @@ func TestMirrorSteadyCap(t *testing.T) {
 			// What b admitted at its pace over the age of its news.
 			truth := 100 * float64(end-lastNews) / float64(time.Second)
 			t.Logf("b's news is %v old: %.1f hits at b's pace; guessed %.2f", time.Duration(end-lastNews), truth, st.Unheard)
-			if c.capped && st.Unheard > steadyCap*truth*1.01 {
-				t.Errorf("guessed %.2f of b's %.1f unheard hits: over steadyCap (%v) times b's rate", st.Unheard, truth, steadyCap)
+			if c.capped && st.Unheard > estimate.SteadyCap*truth*1.01 {
+				t.Errorf("guessed %.2f of b's %.1f unheard hits: over estimate.SteadyCap (%v) times b's rate", st.Unheard, truth, estimate.SteadyCap)
 			}
 			if !c.capped && st.Unheard < 2*truth {
 				t.Errorf("guessed %.2f of b's %.1f unheard hits while a admitted at 3× its pace: the mirror was capped", st.Unheard, truth)
@@ -841,7 +761,7 @@ func TestHeldReplicaThatTold(t *testing.T) {
 
 // TestNeverHeardReplica: c is a replica of the topology (MemoryConfig.
 // Replicas) that a has never heard from. From a's first apply on it is held
-// for heldFirst — its first news may be stalled — and counted as b, who
+// for estimate.HeldFirst — its first news may be stalled — and counted as b, who
 // tells of the key, is; then no longer. A store not told of c counts only b.
 func TestNeverHeardReplica(t *testing.T) {
 	ms := int64(time.Millisecond)
@@ -868,8 +788,8 @@ func TestNeverHeardReplica(t *testing.T) {
 		if alone <= 0 {
 			t.Fatalf("at %v: Unheard without c = %v, want b's guess > 0", time.Duration(at-t0), alone)
 		}
-		want := alone // c's silence is past heldFirst: not counted
-		if at-t0 < int64(heldFirst) {
+		want := alone // c's silence is past estimate.HeldFirst: not counted
+		if at-t0 < int64(estimate.HeldFirst) {
 			want = alone + told + alone
 		}
 		if got, _ := unheard([]string{"a", "b", "c"}, at); math.Abs(got-want) > 1e-9 {
@@ -885,7 +805,7 @@ func TestNeverHeardReplica(t *testing.T) {
 // took 80 ms to arrive; its presence beacons keep coming, so it is not held
 // up. Its news cannot have told of the key, so from when a began to
 // remember the key until c's first news of it could have come (one flush,
-// its 80 ms delay and beforeSlack later) c counts as b does: b's count plus
+// its 80 ms delay and estimate.BeforeSlack later) c counts as b does: b's count plus
 // b's guess. After that c's silence says it had none. A c heard from after
 // a began to remember the key told nothing of it when it could have, and
 // counts for none.
@@ -908,7 +828,7 @@ func TestReplicaBeforeOnset(t *testing.T) {
 				s.BeaconAt(at, "c")
 			}
 			if u := s.rep.units[w]; from == 0 && u != nil && u.recent[string(it.Key)] != nil {
-				from = u.recent[string(it.Key)].from
+				from = u.recent[string(it.Key)].From()
 			}
 			if sent == 0 && cSent != nil {
 				sent = cSent(from)
@@ -945,7 +865,7 @@ func TestReplicaBeforeOnset(t *testing.T) {
 			t.Fatalf("+%v: Unheard without c = %v, want b's guess > 0", time.Duration(off), fresh)
 		}
 		want := fresh // past the time c's first news of the key could take
-		if off < 80*ms+int64(firstNewsSpan+beforeSlack) {
+		if off < 80*ms+int64(estimate.FirstNewsSpan+estimate.BeforeSlack) {
 			want = fresh + float64(told) + fresh
 		}
 		if got, _ := unheard(early, off); math.Abs(got-want) > 1e-9 {
@@ -1087,11 +1007,11 @@ func TestNewKeyRemembered(t *testing.T) {
 // (60 ms on the way); a guesses b by its rate, admits up to its estimate's
 // limit late in the window, and so leaves room its guess of b held: the
 // window settles under the limit. 300 ms into the next window a judges that window and takes
-// settleGain of the shortfall (below the limit less settleSlack) off its
+// estimate.SettleGain of the shortfall (below the limit less estimate.SettleSlack) off its
 // guess from then on; a window after one not at the limit halves the
 // correction. The PoP's own count as its store read it (several servers)
 // counts in the settled count: settled within the band, nothing changes;
-// over the limit, the correction adds settleGain of the excess. While b's
+// over the limit, the correction adds estimate.SettleGain of the excess. While b's
 // news is held up, the window is not settled and nothing is judged. The
 // judged window is reported to SettledExcess as news is applied.
 func TestSettledCorrection(t *testing.T) {
@@ -1136,13 +1056,13 @@ func TestSettledCorrection(t *testing.T) {
 		defer s.rep.mu.Unlock()
 		st := s.rep.state(&it, now)
 		u := s.rep.units[w]
-		return st, u.recent[key].correction
+		return st, u.recent[key].Correction()
 	}
 
 	t.Run("settled under", func(t *testing.T) {
 		s, own, settled := run(t, 0, true)
-		if settled >= 100-settleSlack {
-			t.Fatalf("the window settled at %v (a admitted %v): the setup meant it to settle under %v", settled, own, 100-settleSlack)
+		if settled >= 100-estimate.SettleSlack {
+			t.Fatalf("the window settled at %v (a admitted %v): the setup meant it to settle under %v", settled, own, 100-estimate.SettleSlack)
 		}
 		s1 := s0 + w
 		if _, c := check(s, s1+200*ms); c != 0 {
@@ -1150,7 +1070,7 @@ func TestSettledCorrection(t *testing.T) {
 		}
 		now := s1 + 360*ms
 		st, c := check(s, now)
-		want := max(settleGain*(settled-(100-settleSlack)), -settleBound*100)
+		want := max(estimate.SettleGain*(settled-(100-estimate.SettleSlack)), -estimate.SettleBound*100)
 		if math.Abs(c-want) > 1e-9 {
 			t.Fatalf("correction %v after a window settled at %v, want %v", c, settled, want)
 		}
@@ -1188,7 +1108,7 @@ func TestSettledCorrection(t *testing.T) {
 		want float64
 	}{
 		{"within the band", -1, 0},
-		{"over the limit", 3, settleGain * 3},
+		{"over the limit", 3, estimate.SettleGain * 3},
 	} {
 		t.Run("the PoP's own count settles "+c.name, func(t *testing.T) {
 			s, _, settled := run(t, uint64(100+c.over-under), true)

@@ -11,7 +11,7 @@ import (
 //
 // A check of a region or global window limit decides, in the embedded store,
 // on what it heard plus a guess of what the other PoPs admitted since their
-// last news (limit.State.Unheard, replicated.unheard). The Redis store makes
+// last news (limit.State.Unheard, estimate.Unheard). The Redis store makes
 // the same guess with the same code: each server keeps a replicated of its
 // own — the other PoPs' counts and the age of their news, as it applies them
 // (Apply), and its own admissions (estimated) — computes each item's Unheard
@@ -21,7 +21,7 @@ import (
 //
 // Each server of a PoP sees only its own admissions, so its guess of what
 // another PoP did mirrors what this server did, scaled by that PoP's part of
-// the key's traffic against this server's (replicated.guess): the ratio a
+// the key's traffic against this server's (estimate.Unheard): the ratio a
 // server of a PoP that shares the load evenly sees is the PoP's. (Once
 // Redis has been away, the own counts of the keys checked meanwhile are the
 // PoP's as last read, redis_offline.go, and the mirror reads those.) The
