@@ -728,6 +728,11 @@ func (r *run) ready(p int) {
 			old := r.skew[p]
 			r.skew[p] = r.rawSkew[p] + rd.ClockOffset
 			r.stores[p].MoveClock(r.clock(p), r.skew[p]-old)
+			if r.strongs != nil && r.strongs[p] != nil {
+				// Its home counters move with the clock too; on a
+				// store.Memory, which never fails, it cannot fail.
+				_ = r.strongs[p].MoveClock(context.Background(), r.clock(p), r.skew[p]-old)
+			}
 		}
 		c.Advance(rd)
 		if r.replicated && r.urgent[p] != nil {

@@ -409,6 +409,11 @@ func Run(ctx context.Context, cfg Config) error {
 			if c, ok := counts.(interface{ SetClockOffset(time.Duration) }); ok {
 				c.SetClockOffset(d)
 			}
+			if strongStore != nil {
+				if err := strongStore.SetClockOffset(ctx, d); err != nil {
+					log.Warn("consistency strong: the clock stepped, and the home counters could not count the hits it moved into the current window", "err", err)
+				}
+			}
 		}
 		run, replReady, err := cfg.Replicate(ctx, ReplicaHooks{Counts: counts, Bits: mit, Registerer: reg, SetGlobalShare: eng.SetGlobalShare, SetClockOffset: setClock,
 			Strong: strongStore, Now: eng.Now,

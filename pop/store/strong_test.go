@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/edgelimit/edgelimit/pop/limit"
 	"github.com/edgelimit/edgelimit/pop/rules"
@@ -377,5 +378,49 @@ func TestStrongHomeDecidesAtItsOwnShare(t *testing.T) {
 	rhome.UseGlobalShare(func() float64 { return 0.5 })
 	if got := admit(t, rhome, int64(1e12), rit, 12); got != 10 {
 		t.Errorf("a region limit's home at share 0.5 admitted %d of 12, want the whole limit 10", got)
+	}
+}
+
+// A home whose clock steps forward across a window boundary (the PoPs'
+// clock agreement corrects a clock that ran behind) still holds the limit
+// over the true time: the hits it admitted just before the step lie, by the
+// new clock, in the new window, and count there (MoveClock). Without it
+// they sit in the window before, which a sliding count forgets as the new
+// window slides, and the home lets them in again (skew.yaml: 40% over).
+func TestStrongHomeClockStepsForward(t *testing.T) {
+	const limitHits, w = 100, int64(time.Minute)
+	for _, askHome := range []bool{true, false} {
+		t.Run(fmt.Sprintf("asked by the home %v", askHome), func(t *testing.T) {
+			_, stores := strongNet(t)
+			it := strongItem("k", limitHits, limit.ScopeGlobal, limit.SlidingWindow)
+			home, other := homeAndOther(t, stores, it)
+			asker := other
+			if askHome {
+				asker = home
+			}
+			// True time starts at a window boundary S; the home's clock is
+			// 0.3 w behind, then is corrected 0.08 w in.
+			S := 1000 * w
+			behind := 3 * w / 10
+			admitted := 0
+			for tt := S; tt < S+8*w/100; tt += w / 1000 { // 80 checks, all admitted
+				admitted += admit(t, asker, tt-behind, it, 1)
+			}
+			if admitted != 80 {
+				t.Fatalf("before the step: admitted %d of 80, within the limit %d", admitted, limitHits)
+			}
+			if err := home.MoveClock(context.Background(), S+8*w/100, behind); err != nil {
+				t.Fatal(err)
+			}
+			for tt := S + 8*w/100; tt < S+w; tt += w / 1000 {
+				admitted += admit(t, asker, tt, it, 1)
+			}
+			if admitted > limitHits {
+				t.Errorf("admitted %d within one window of true time, limit %d", admitted, limitHits)
+			}
+			if admitted < limitHits-limitHits/homeGrains-1 {
+				t.Errorf("admitted %d within the window, want the limit %d but for the hits counted twice", admitted, limitHits)
+			}
+		})
 	}
 }
