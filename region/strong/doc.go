@@ -26,6 +26,19 @@
 // CheckReply has held it to the request (same id and key, remaining within
 // the limit, times within the window).
 //
+// The home decides every check, its own and those it is asked, at the
+// limit as configured, never at the share an asker holds while it finds
+// regions cut off (that share is what the asker may admit without the
+// home); for a global limit the home applies its own share once its own
+// replication core finds regions cut off, as it holds every global limit.
+//
+// The home's clock is the PoP's, with the correction the PoPs agree on;
+// when the correction steps it forward across a window boundary, the hits
+// the home admitted just before the step fall, by the new clock, in the
+// new window, and are counted there too (pop/store's Strong.MoveClock):
+// left in the window before, a sliding count would forget them as the new
+// window slides and admit them again.
+//
 // # When the home does not answer
 //
 // A PoP waits RTT.Timeout for a reply: the smoothed round trip plus four
