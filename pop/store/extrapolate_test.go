@@ -1124,3 +1124,53 @@ func TestSettledCorrection(t *testing.T) {
 		}
 	})
 }
+
+// TestMovedKeyIsNotNew: a key that b admitted through the previous window
+// and half of this one (a client at b) moves to a mid-window. c's latest
+// news, of another key, was stamped before a began to remember the key,
+// and its beacons keep coming. The key is not new: it was counted before
+// this window began, so c had the whole previous window and half this one
+// to tell of it and told nothing — it counts for none, as it would had a
+// remembered the key all along. Counted as b (the rule for a key that has
+// just begun), a guessed c at b's whole sliding count, a hundred hits it
+// never admitted, and denied the client it had just taken over.
+func TestMovedKeyIsNotNew(t *testing.T) {
+	ms := int64(time.Millisecond)
+	it := perSecond(limit.SlidingWindow, 200, "moved")
+	other := perSecond(limit.SlidingWindow, 100, "other")
+	w := it.Spec.Window
+	t0 := limit.WindowStart(limittest.T0.Add(30*time.Second).UnixNano(), w)
+	moved := t0 + 500*ms
+	unheard := func(withC bool) float64 {
+		t.Helper()
+		s := NewMemory(MemoryConfig{Replica: "a", Extrapolate: true})
+		for at := t0 - w; at < moved; at += 10 * ms {
+			if withC && (at-t0)%(500*ms) == 0 {
+				s.BeaconAt(at, "c")
+			}
+			if withC && at == moved-100*ms {
+				s.ApplyAt(at, at-80*ms, []crdt.Slot{{Key: string(other.Key), Window: limit.WindowStart(at-80*ms, w), Replica: "c", Count: 1}})
+			}
+			// b admits 100 a second and tells of it 5 ms later.
+			sent := at - 5*ms
+			var sl []crdt.Slot
+			if n := (sent - (t0 - w)) / (10 * ms); sent < t0 {
+				sl = append(sl, crdt.Slot{Key: string(it.Key), Window: t0 - w, Replica: "b", Count: uint64(n)})
+			} else {
+				sl = append(sl, crdt.Slot{Key: string(it.Key), Window: t0 - w, Replica: "b", Count: 100},
+					crdt.Slot{Key: string(it.Key), Window: t0, Replica: "b", Count: uint64((sent - t0) / (10 * ms))})
+			}
+			s.ApplyAt(at, sent, sl)
+		}
+		if admit(t, s, moved, it, 1) != 1 {
+			t.Fatalf("a's first hit of the moved key denied")
+		}
+		s.rep.mu.Lock()
+		defer s.rep.mu.Unlock()
+		return s.rep.state(&it, moved+ms).Unheard
+	}
+	alone := unheard(false)
+	if got := unheard(true); math.Abs(got-alone) > 1e-9 {
+		t.Errorf("Unheard = %v with a silent c, want %v as without it: c never told of the key", got, alone)
+	}
+}

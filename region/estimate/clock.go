@@ -245,18 +245,21 @@ const (
 )
 
 // before reports whether the replica's latest news, which told nothing of
-// a key, was sent before this PoP began to remember the key (rh) and its
-// first news of the key may still be on the way: one flush
-// (FirstNewsSpan) and its usual delay from then, and BeforeSlack. Such a
-// replica counts as the ones that told of the key (Unheard), as one never
-// heard from does (held). A sprayer arriving at PoPs that had been
-// running (world-quiet) found the far replicas heard from a few ms
-// before, silent of it and so counted as none, for the 150 ms their
-// first news took: its first window settled at up to 120 of 100
-// (docs/accuracy-log.md, "before").
-func (c *Clock) before(rh *Recent, now int64) bool {
-	return c.sent != 0 && c.sentAt() < float64(rh.from) &&
-		float64(now) < float64(rh.from)+c.lag+FirstNewsSpan+BeforeSlack
+// a key, was sent before the key's onset and its first news of the key may
+// still be on the way: one flush (FirstNewsSpan) and its usual delay from
+// the onset, and BeforeSlack. Such a replica counts as the ones that told
+// of the key (Unheard), as one never heard from does (held). A sprayer
+// arriving at PoPs that had been running (world-quiet) found the far
+// replicas heard from a few ms before, silent of it and so counted as none,
+// for the 150 ms their first news took: its first window settled at up to
+// 120 of 100 (docs/accuracy-log.md, "before").
+//
+// The onset is when this PoP began to remember the key, unless the key was
+// counted in the previous window (see Unheard): then it began no later than
+// the current window did.
+func (c *Clock) before(onset, now int64) bool {
+	return c.sent != 0 && c.sentAt() < float64(onset) &&
+		float64(now) < float64(onset)+c.lag+FirstNewsSpan+BeforeSlack
 }
 
 // Beaconed notes that a presence beacon of the replica was applied at now.

@@ -97,8 +97,23 @@ func Unheard(k Key, reps []Count, clocks []*Clock, in func(name string) bool) fl
 		}
 	}
 	if len(reps) < len(clocks) {
+		// The key's onset, for replicas whose news of it may still be on
+		// the way (before): when this PoP began to remember it, or, when
+		// this PoP or a replica counted it in the previous window, no
+		// later than this window's start. A key counted before this
+		// window is not new, whenever it came to this PoP: a client that
+		// moves to this PoP mid-window (moving.yaml) brings a key the
+		// others have had half a window and more to tell of, and counted
+		// as the replica that told (its whole sliding count each), the
+		// ones that told nothing made this PoP deny the client it had just
+		// taken over for a quarter of a second, then admit the window's
+		// room late, where the next window's estimate lets it through.
+		onset := rh.from
+		if k.OwnPrev != 0 || slices.ContainsFunc(reps, func(c Count) bool { return c.Prev != 0 }) {
+			onset = min(onset, start)
+		}
 		for _, clk := range clocks {
-			if (clk.held(now) || clk.before(rh, now)) && (in == nil || in(clk.name)) && !slices.ContainsFunc(reps, func(c Count) bool { return c.Name == clk.name }) {
+			if (clk.held(now) || clk.before(onset, now)) && (in == nil || in(clk.name)) && !slices.ContainsFunc(reps, func(c Count) bool { return c.Name == clk.name }) {
 				extra += mean
 			}
 		}
