@@ -309,7 +309,7 @@ func TestWorldScale(t *testing.T) {
 // TestWorldQuietStart runs world-quiet.yaml: the world's sprayer arriving
 // 5 s in at PoPs whose messages a quiet client kept a second apart. What a
 // PoP learned of how often the others speak must not starve its guess of a
-// key that just began (replicaClock.guess, firstNewsSpan): the cold start
+// key that just began (region/estimate: Clock.guess, FirstNewsSpan): the cold start
 // stays as tight as when everything starts together (world.yaml, 5%).
 func TestWorldQuietStart(t *testing.T) {
 	sc := load(t, "world-quiet.yaml")

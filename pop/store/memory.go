@@ -40,7 +40,7 @@ type MemoryConfig struct {
 	RegionPeers []string
 	// Replicas are the other PoPs of the topology, every region's. A
 	// replica not heard from yet is taken, from the store's first check
-	// on, for one whose news is held up (see replicated.held).
+	// on, for one whose news is held up (region/estimate, Clock.held).
 	Replicas []string
 	// Extrapolate makes a check of a region or global limit count, beside
 	// what it has heard, the hits other replicas have probably admitted
