@@ -336,7 +336,8 @@ func (u *unitCounts) nearOf(key string) *estimate.Recent {
 // replica never publishes less), so they count twice while it weighs:
 // from twice at the step down to once at the window's end — the safe side.
 // (A step back needs nothing here: state counts own hits of the next
-// window as current.) Requires r.mu not held.
+// window as current.) The bounded ledgers take the step too
+// (escrow.Ledger.Step). Requires r.mu not held.
 func (r *replicated) moveClock(now, d int64) {
 	if d == 0 {
 		return
@@ -359,6 +360,10 @@ func (r *replicated) moveClock(now, d int64) {
 	}
 	for _, c := range r.clocks {
 		c.Shift(d)
+	}
+	if r.esc != nil {
+		r.esc.region.Step(now, d)
+		r.esc.global.Step(now, d)
 	}
 }
 

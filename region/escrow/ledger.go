@@ -761,3 +761,42 @@ func (l *Ledger) Prune(now int64) int {
 
 // Len returns the number of (key, window)s held.
 func (l *Ledger) Len() int { return len(l.entries) }
+
+// Step tells the ledger that the clock its callers pass as now stepped by
+// d (ns), now being the new clock: the PoPs' clock agreement moved it. A
+// step forward that carries the replica across the start of a key's window
+// leaves hits it admitted in what the new clock calls that window counted
+// in the window before, where they free room as that window slides out; the
+// other replicas, whose clocks were right, counted the same stretch of time
+// in the new window. So every hit this incarnation admitted in the window
+// it was in before the step is counted in the window it is in after it as
+// well: which of them fell after the new window's start cannot be told from
+// counts, and counting them all errs toward denying, in the one window after
+// a step. A step back needs nothing: the windows the replica is in only
+// repeat, and Decide never goes back past the newest instant it saw.
+func (l *Ledger) Step(now, d int64) {
+	if d <= 0 || !l.acting {
+		return // nothing admitted by this incarnation yet: nothing to move
+	}
+	var moved []*entry
+	for _, e := range l.entries {
+		w := e.spec.Window
+		if e.gone || e.window != windowStart(now-d, w) || windowStart(now, w) <= e.window {
+			continue
+		}
+		moved = append(moved, e)
+	}
+	for _, e := range moved { // not while ranging: entryFor adds entries
+		used := l.ownUsed(e)
+		if used == 0 {
+			continue
+		}
+		ne := l.entryFor(e.key, windowStart(now, e.spec.Window), e.spec, true)
+		if ne == nil {
+			continue
+		}
+		ne.count[l.self] = addSat(ne.count[l.self], used)
+		l.touch(ne)
+		l.markDirty(ne)
+	}
+}
