@@ -31,9 +31,11 @@ const (
 // forms of colour blindness; strategy i gets colour i (mod len).
 var strategyColors = []string{"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000"}
 
-// WriteHTML writes the report as one self-contained HTML page: the text table
-// of WriteTable and two inline SVG charts, the tracked key's admitted rate
-// against the limit over time and the distribution of overshoot per window.
+// WriteHTML writes the report as one self-contained HTML page: the header of
+// WriteTable, its two tables as HTML tables (the same cells, each column's
+// legend help under them, edgelimit's row marked) and two inline SVG charts,
+// the tracked key's admitted rate against the limit over time and the
+// distribution of overshoot per window.
 // It uses no script and loads nothing, and like WriteTable its output
 // depends only on the report.
 func (rep Report) WriteHTML(w io.Writer) error {
@@ -41,10 +43,12 @@ func (rep Report) WriteHTML(w io.Writer) error {
 	if err := rep.WriteTable(&table); err != nil {
 		return err
 	}
+	head, _, _ := strings.Cut(table.String(), "\n\n")
 	page := htmlPage{
 		Scenario: rep.Scenario,
 		Facts:    rep.htmlFacts(),
-		Table:    table.String(),
+		Head:     head,
+		Tables:   rep.htmlResultTables(),
 		Rate:     rep.htmlRateCharts(),
 		Over:     rep.htmlOvershootChart(),
 		Tracked:  rep.Tracked,
@@ -64,9 +68,12 @@ func (rep Report) WriteHTML(w io.Writer) error {
 // htmlPage is what the template renders; every number in it is already
 // formatted, so the template only places and escapes text.
 type htmlPage struct {
-	Scenario   string
-	Facts      []string
-	Table      string
+	Scenario string
+	Facts    []string
+	// Head is the text report's header lines, the run's setup.
+	Head string
+	// Tables are the text report's tables, cell for cell.
+	Tables     []resultTable
 	Rate       []svgChart
 	Over       svgChart
 	Tracked    string
@@ -114,6 +121,34 @@ type overshootTable struct {
 type overshootRow struct {
 	Strategy string
 	Cells    []string
+}
+
+// resultTable is one of the text report's tables (reportTables) as HTML:
+// the same columns and cells, each column's legend help beside its heading.
+type resultTable struct {
+	Cols []column
+	Rows []resultRow
+}
+
+type resultRow struct {
+	Strategy string
+	// Ours marks edgelimit's row.
+	Ours  bool
+	Cells []string
+}
+
+// htmlResultTables are reportTables with every strategy's cells as WriteTable
+// prints them.
+func (rep Report) htmlResultTables() []resultTable {
+	var out []resultTable
+	for _, cols := range reportTables {
+		t := resultTable{Cols: cols}
+		for _, r := range rep.Results {
+			t.Rows = append(t.Rows, resultRow{Strategy: r.Strategy, Ours: r.Strategy == Edgelimit.String(), Cells: rep.cells(cols, r)})
+		}
+		out = append(out, t)
+	}
+	return out
 }
 
 // htmlFacts are the report's headline figures, one short phrase each.
@@ -640,6 +675,16 @@ svg .cutedge { stroke: #777; stroke-width: 1; stroke-dasharray: 2 3; }
 svg .cutlabel { font-size: 11px; fill: #555; }
 svg .legend { font-size: 12px; fill: #222; }
 svg polyline { fill: none; stroke-width: 1.5; stroke-linejoin: round; stroke-opacity: 0.85; }
+table.results { border-collapse: collapse; font-size: 13px; margin: 1em 0 0.4em; font-variant-numeric: tabular-nums; }
+table.results th, table.results td { padding: 0.25em 0.55em; text-align: right; border-bottom: 1px solid #ddd; white-space: nowrap; }
+table.results thead th { border-bottom: 2px solid #444; }
+table.results thead th:first-child, table.results tbody th { text-align: left; }
+table.results tbody th { font-weight: normal; }
+table.results tr.ours { background: #e3f0fa; font-weight: 600; }
+table.results tr.ours th { border-left: 4px solid #0072B2; font-weight: 600; }
+dl.help { font-size: 12.5px; color: #444; display: grid; grid-template-columns: max-content 1fr; gap: 0.1em 0.9em; margin: 0 0 1.6em; }
+dl.help dt { font-weight: 600; font-family: ui-monospace, monospace; }
+dl.help dd { margin: 0; }
 table.counts { border-collapse: collapse; font-size: 13px; }
 table.counts th, table.counts td { padding: 0.2em 0.6em; text-align: right; border-bottom: 1px solid #ddd; }
 table.counts th:first-child, table.counts td:first-child { text-align: left; }
@@ -650,8 +695,17 @@ table.counts th:first-child, table.counts td:first-child { text-align: left; }
 <p class="facts">{{range $i, $f := .Facts}}{{if $i}} · {{end}}{{$f}}{{end}}</p>
 
 <h2>Results</h2>
-<pre>{{.Table}}</pre>
-
+<pre>{{.Head}}</pre>
+{{range .Tables}}<table class="results">
+<thead><tr>{{range .Cols}}<th scope="col" title="{{.Help}}">{{.Name}}</th>{{end}}</tr></thead>
+<tbody>
+{{range .Rows}}<tr{{if .Ours}} class="ours"{{end}}>{{range $i, $c := .Cells}}{{if $i}}<td>{{$c}}</td>{{else}}<th scope="row">{{$c}}</th>{{end}}{{end}}</tr>
+{{end}}</tbody>
+</table>
+<dl class="help">
+{{range .Cols}}<dt>{{.Name}}</dt><dd>{{.Help}}</dd>
+{{end}}</dl>
+{{end}}
 <h2>Admitted rate against the limit</h2>
 {{range .Rate}}{{template "chart" .}}{{end}}
 {{if .Cuts}}<p class="cuts">Shaded, between dotted lines: the links the scenario cuts, from the cut to the heal — {{range $i, $c := .Cuts}}{{if $i}}; {{end}}{{$c}}{{end}}. Messages across a cut link are held and delivered when it heals.</p>

@@ -432,3 +432,89 @@ func TestHTMLCuts(t *testing.T) {
 		}
 	}
 }
+
+// TestHTMLResultsTable runs a small scenario: the page's results tables have
+// one row per strategy, edgelimit's marked, with the cells the text report
+// prints, worst% included, and every column's help from the legend.
+func TestHTMLResultsTable(t *testing.T) {
+	sc := load(t, "spray.yaml")
+	shrink(&sc, 1, 2*time.Second)
+	rep, text := table(t, sc)
+	els := parseHTML(t, renderHTML(t, rep))
+	if n := len(findElements(els, "pre", "")); n != 1 {
+		t.Fatalf("%d pre elements, want only the header", n)
+	}
+	if n := len(findElements(els, "table", "results")); n != len(reportTables) {
+		t.Fatalf("%d results tables, want %d", n, len(reportTables))
+	}
+	// The text table's rows, by strategy, as fields: "strategy decisions
+	// admitted worst worst% …".
+	textRows := map[string][]string{}
+	for _, line := range strings.Split(string(text), "\n") {
+		f := strings.Fields(line)
+		if len(f) == len(reportTables[0]) && f[0] != "strategy" {
+			textRows[f[0]] = f
+		}
+	}
+	if len(textRows) != len(Strategies) {
+		t.Fatalf("text report has %d accuracy rows, want %d", len(textRows), len(Strategies))
+	}
+	// Walk the page: rows are tr elements inside tbody; the first cell is a
+	// th, the others td.
+	var rows [][]string
+	var ours []string
+	for _, e := range els {
+		switch {
+		case e.name == "tr":
+			rows = append(rows, nil)
+			if e.attrs["class"] == "ours" {
+				ours = append(ours, "")
+			}
+		case (e.name == "th" && e.attrs["scope"] == "row") || e.name == "td":
+			rows[len(rows)-1] = append(rows[len(rows)-1], e.text)
+		}
+	}
+	var accuracy [][]string
+	for _, r := range rows {
+		if len(r) == len(reportTables[0]) && textRows[r[0]] != nil {
+			accuracy = append(accuracy, r)
+		}
+	}
+	if len(accuracy) != len(Strategies) {
+		t.Fatalf("%d accuracy rows on the page, want one per strategy (%d)", len(accuracy), len(Strategies))
+	}
+	worst := slicesIndex(reportTables[0], "worst%")
+	for i, r := range accuracy {
+		if r[0] != Strategies[i].String() {
+			t.Fatalf("row %d is %q, want %q", i, r[0], Strategies[i])
+		}
+		want := textRows[r[0]]
+		if r[worst] != want[worst] {
+			t.Fatalf("%s: worst%% %q on the page, %q in the text report", r[0], r[worst], want[worst])
+		}
+		if strings.Join(r, " ") != strings.Join(want, " ") {
+			t.Fatalf("%s: page row %q, text row %q", r[0], r, want)
+		}
+	}
+	if len(ours) != len(reportTables) {
+		t.Fatalf("%d rows marked as edgelimit's, want one per table", len(ours))
+	}
+	help := findElements(els, "dd", "")
+	if n := len(reportTables[0]) + len(reportTables[1]); len(help) != n {
+		t.Fatalf("%d help lines, want one per column (%d)", len(help), n)
+	}
+	for _, h := range help {
+		if !strings.Contains(strings.Join(strings.Fields(string(text)), " "), h.text) {
+			t.Fatalf("help %q is not the text report's legend", h.text)
+		}
+	}
+}
+
+func slicesIndex(cols []column, name string) int {
+	for i, c := range cols {
+		if c.Name == name {
+			return i
+		}
+	}
+	return -1
+}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Report is what a run found, strategy by strategy.
@@ -153,48 +154,180 @@ func (rep Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(&b, "sources %d  keys %d  tracked key %q\n", rep.Sources, rep.Keys, rep.Tracked)
 	fmt.Fprintf(&b, "eventual's bound outside cuts: worst%% ≤ %.2f (what a deciding PoP cannot have heard: Σ rate × (flush + delay) of the others)\n\n",
 		rep.EventualBound)
-	fmt.Fprintf(&b, "%-12s %10s %10s %8s %8s %9s %9s %9s %9s %9s %11s\n",
-		"strategy", "decisions", "admitted", "worst", "worst%", "mean%/win", "wrong%", "f-allow%", "f-deny%", "legit%", "deny-lag")
-	for _, r := range rep.Results {
-		lag := "never"
-		if d, ok := r.DenialLag(); ok {
-			lag = fmtDuration(d)
+	for i, cols := range reportTables {
+		if i > 0 {
+			b.WriteString("\n")
 		}
-		fmt.Fprintf(&b, "%-12s %10d %10d %8d %8.2f %9.2f %9.4f %9.4f %9.4f %9.4f %11s\n",
-			r.Strategy, r.Decisions, r.Admitted, r.WorstOvershoot, r.WorstOvershootPct(rep.Limit),
-			pct(r.MeanWindowExcess, float64(rep.Limit)), r.WrongDecisions(),
-			pct(float64(r.FalseAllows), float64(r.Decisions)), pct(float64(r.FalseDenies), float64(r.Decisions)),
-			pct(float64(r.LegitDenies), float64(r.Decisions)), lag)
+		head := make([]string, len(cols))
+		for j, c := range cols {
+			head[j] = c.Name
+		}
+		writeRow(&b, cols, head)
+		for _, r := range rep.Results {
+			writeRow(&b, cols, rep.cells(cols, r))
+		}
 	}
-	fmt.Fprintf(&b, "\n%-12s %11s %11s %11s %11s %11s %9s %10s %12s %9s %10s %9s\n",
-		"strategy", "lag-p50", "lag-max", "bit-p50", "bit-p99", "converge", "reduced%", "msgs", "bytes", "+latency", "+lat-p99", "no-home%")
-	for _, r := range rep.Results {
-		conv := "-"
-		if r.Convergence.N > 0 {
-			conv = fmtDuration(r.Convergence.Max)
-		}
-		if r.Unconverged > 0 {
-			conv = "never"
-		}
-		fmt.Fprintf(&b, "%-12s %11s %11s %11s %11s %11s %9.2f %10d %12d %9s %10s %9.2f\n",
-			r.Strategy, fmtQuantile(r.DenialLags, r.DenialLags.P50), fmtQuantile(r.DenialLags, r.DenialLags.Max),
-			fmtQuantile(r.MitigationDelay, r.MitigationDelay.P50), fmtQuantile(r.MitigationDelay, r.MitigationDelay.P99),
-			conv, pct(float64(r.ReducedDecisions), float64(r.Decisions)), r.Messages, r.Bytes, fmtDuration(r.AddedLatency),
-			fmtDuration(r.AddedLatencyP99), pct(float64(r.HomeUnreachable), float64(r.Decisions)))
-	}
-	b.WriteString(`
-worst: max over keys and time of (admitted in the last window − limit); mean%/win: mean excess over the
-(key, fixed window) pairs that admitted anything. Graded per decision against an exact sliding log of what
-was admitted: f-allow% admitted past the limit, f-deny% denied though it fit, wrong% both; legit% denied
-a key whose offered traffic in the window was within the limit. deny-lag: first denial − first true crossing
-of the tracked key; lag-p50/max: the same over all keys that crossed. bit-p50/p99: mitigation bit issue →
-arrival at another PoP. converge: heal → every PoP holds the others' pre-heal counts. reduced%: decisions
-made at a reduced partition share. +latency, +lat-p99: mean and 99th percentile of the time a decision
-waited on the network (a strong limit's round trip to the key's home, or the central store's). no-home%:
-decisions of a strong limit whose home did not answer in time, made by the limit's partition policy.
-`)
+	b.WriteString("\n")
+	b.WriteString(legendText())
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// column is one column of the report's tables: its heading, its width in the
+// text table (negative: left-aligned), the help the legend gives for it, and
+// its value for one strategy. The text table and the HTML page both take
+// their columns, values and help from here.
+type column struct {
+	Name  string
+	Width int
+	Help  string
+	Cell  func(rep Report, r Result) string
+}
+
+// reportTables are the report's two tables: accuracy, then propagation and
+// cost. Consecutive columns with the same help share one legend entry.
+var reportTables = [][]column{
+	{
+		{"strategy", -12, "how the PoPs decide, edgelimit first", func(_ Report, r Result) string { return r.Strategy }},
+		{"decisions", 10, "requests decided, over all keys", func(_ Report, r Result) string { return fmt.Sprintf("%d", r.Decisions) }},
+		{"admitted", 10, "requests admitted", func(_ Report, r Result) string { return fmt.Sprintf("%d", r.Admitted) }},
+		{"worst", 8, "max over keys and time of (admitted in the last window − limit)", func(_ Report, r Result) string { return fmt.Sprintf("%d", r.WorstOvershoot) }},
+		{"worst%", 8, "worst in percent of the limit", func(rep Report, r Result) string { return fmt.Sprintf("%.2f", r.WorstOvershootPct(rep.Limit)) }},
+		{"mean%/win", 9, "mean excess, in percent of the limit, over the (key, fixed window) pairs that admitted anything", func(rep Report, r Result) string {
+			return fmt.Sprintf("%.2f", pct(r.MeanWindowExcess, float64(rep.Limit)))
+		}},
+		{"wrong%", 9, "decisions an exact sliding log of what was admitted grades wrong: f-allow% + f-deny%", func(_ Report, r Result) string { return fmt.Sprintf("%.4f", r.WrongDecisions()) }},
+		{"f-allow%", 9, "decisions that admitted past the limit", func(_ Report, r Result) string {
+			return fmt.Sprintf("%.4f", pct(float64(r.FalseAllows), float64(r.Decisions)))
+		}},
+		{"f-deny%", 9, "decisions that denied though the hit fit", func(_ Report, r Result) string {
+			return fmt.Sprintf("%.4f", pct(float64(r.FalseDenies), float64(r.Decisions)))
+		}},
+		{"legit%", 9, "decisions that denied a key whose offered traffic in the window was within the limit", func(_ Report, r Result) string {
+			return fmt.Sprintf("%.4f", pct(float64(r.LegitDenies), float64(r.Decisions)))
+		}},
+		{"deny-lag", 11, "first denial − first true crossing of the tracked key", func(_ Report, r Result) string {
+			if d, ok := r.DenialLag(); ok {
+				return fmtDuration(d)
+			}
+			return "never"
+		}},
+	},
+	{
+		{"strategy", -12, "how the PoPs decide, edgelimit first", func(_ Report, r Result) string { return r.Strategy }},
+		{"lag-p50", 11, "deny-lag's median and max over all keys that crossed", func(_ Report, r Result) string { return fmtQuantile(r.DenialLags, r.DenialLags.P50) }},
+		{"lag-max", 11, "deny-lag's median and max over all keys that crossed", func(_ Report, r Result) string { return fmtQuantile(r.DenialLags, r.DenialLags.Max) }},
+		{"bit-p50", 11, "mitigation bit issue → arrival at another PoP, median and 99th percentile", func(_ Report, r Result) string {
+			return fmtQuantile(r.MitigationDelay, r.MitigationDelay.P50)
+		}},
+		{"bit-p99", 11, "mitigation bit issue → arrival at another PoP, median and 99th percentile", func(_ Report, r Result) string {
+			return fmtQuantile(r.MitigationDelay, r.MitigationDelay.P99)
+		}},
+		{"converge", 11, "heal → every PoP holds the others' pre-heal counts (worst heal)", func(_ Report, r Result) string {
+			switch {
+			case r.Unconverged > 0:
+				return "never"
+			case r.Convergence.N > 0:
+				return fmtDuration(r.Convergence.Max)
+			}
+			return "-"
+		}},
+		{"reduced%", 9, "decisions made at a reduced partition share", func(_ Report, r Result) string {
+			return fmt.Sprintf("%.2f", pct(float64(r.ReducedDecisions), float64(r.Decisions)))
+		}},
+		{"msgs", 10, "messages and bytes replication put on the wire, each copy counted", func(_ Report, r Result) string { return fmt.Sprintf("%d", r.Messages) }},
+		{"bytes", 12, "messages and bytes replication put on the wire, each copy counted", func(_ Report, r Result) string { return fmt.Sprintf("%d", r.Bytes) }},
+		{"+latency", 9, "mean and 99th percentile of the time a decision waited on the network (a strong limit's round trip to the key's home, or the central store's)", func(_ Report, r Result) string {
+			return fmtDuration(r.AddedLatency)
+		}},
+		{"+lat-p99", 10, "mean and 99th percentile of the time a decision waited on the network (a strong limit's round trip to the key's home, or the central store's)", func(_ Report, r Result) string {
+			return fmtDuration(r.AddedLatencyP99)
+		}},
+		{"no-home%", 9, "decisions of a strong limit whose home did not answer in time, made by the limit's partition policy", func(_ Report, r Result) string {
+			return fmt.Sprintf("%.2f", pct(float64(r.HomeUnreachable), float64(r.Decisions)))
+		}},
+	},
+}
+
+// cells are r's values in cols, as both the text table and the HTML page
+// show them.
+func (rep Report) cells(cols []column, r Result) []string {
+	out := make([]string, len(cols))
+	for i, c := range cols {
+		out[i] = c.Cell(rep, r)
+	}
+	return out
+}
+
+// writeRow writes one line of a text table, each cell padded to its
+// column's width.
+func writeRow(b *strings.Builder, cols []column, cells []string) {
+	for i, c := range cols {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(b, "%*s", c.Width, cells[i])
+	}
+	b.WriteByte('\n')
+}
+
+// legendEntry is one entry of the legend: the columns it explains and what
+// it says about them.
+type legendEntry struct {
+	Names []string
+	Help  string
+}
+
+// reportLegend lists every column's help once, the strategy column aside
+// and consecutive columns with the same help together.
+func reportLegend() []legendEntry {
+	var out []legendEntry
+	seen := map[string]bool{}
+	for _, cols := range reportTables {
+		for i, c := range cols {
+			if seen[c.Name] {
+				continue
+			}
+			seen[c.Name] = true
+			if i > 0 && c.Help == cols[i-1].Help && len(out) > 0 {
+				out[len(out)-1].Names = append(out[len(out)-1].Names, c.Name)
+				continue
+			}
+			out = append(out, legendEntry{Names: []string{c.Name}, Help: c.Help})
+		}
+	}
+	return out
+}
+
+// legendText is the legend as the text table prints it, wrapped at about
+// 106 columns.
+func legendText() string {
+	var b strings.Builder
+	line := 0
+	legend := reportLegend()
+	for i, e := range legend {
+		s := strings.Join(e.Names, ", ") + ": " + e.Help
+		if i < len(legend)-1 {
+			s += ";"
+		} else {
+			s += "."
+		}
+		for _, w := range strings.Fields(s) {
+			n := utf8.RuneCountInString(w)
+			if line > 0 && line+1+n > 106 {
+				b.WriteByte('\n')
+				line = 0
+			}
+			if line > 0 {
+				b.WriteByte(' ')
+				line++
+			}
+			b.WriteString(w)
+			line += n
+		}
+	}
+	b.WriteByte('\n')
+	return b.String()
 }
 
 // fmtQuantile renders one quantile of q, or "-" when q has no samples.
