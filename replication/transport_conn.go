@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -126,6 +127,10 @@ func Connect(cfg ConnConfig) (*nats.Conn, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	// The first connect's handler can run before nats.Connect returns, and
+	// close a connection to a server too old: what it found is Connect's
+	// error then.
+	var tooOld atomic.Pointer[error]
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
 		nats.MaxReconnects(-1),
@@ -134,8 +139,8 @@ func Connect(cfg ConnConfig) (*nats.Conn, error) {
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			log.Warn("replication: disconnected from NATS", "err", err)
 		}),
-		nats.ConnectHandler(func(nc *nats.Conn) { connected(nc, log) }),
-		nats.ReconnectHandler(func(nc *nats.Conn) { connected(nc, log) }),
+		nats.ConnectHandler(func(nc *nats.Conn) { connected(nc, log, func(err error) { tooOld.CompareAndSwap(nil, &err) }) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) { connected(nc, log, nil) }),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			subject := ""
 			if sub != nil {
@@ -197,6 +202,9 @@ func Connect(cfg ConnConfig) (*nats.Conn, error) {
 			return nil, fmt.Errorf("%w (at %s)", err, url)
 		}
 	}
+	if e := tooOld.Load(); e != nil && nc.IsClosed() {
+		return nil, *e
+	}
 	return nc, nil
 }
 
@@ -213,14 +221,19 @@ func seedPublicKey(file string) (string, error) {
 	return kp.PublicKey()
 }
 
-// connected runs when nc (re)connects after Connect returned: it logs the
-// server, or closes nc when the server is too old.
-func connected(nc *nats.Conn, log *slog.Logger) {
+// connected runs when nc (re)connects, possibly before Connect returned:
+// it logs the server, or, when the server is too old, tells tooOld (if not
+// nil) the error and closes nc.
+func connected(nc *nats.Conn, log *slog.Logger, tooOld func(error)) {
 	if nc.IsClosed() { // Connect found the server too old
 		return
 	}
 	if err := CheckServerVersion(nc.ConnectedServerVersion()); err != nil {
-		log.Error("replication: closing the NATS connection; replication stops", "url", nc.ConnectedUrlRedacted(), "err", err)
+		url := nc.ConnectedUrlRedacted()
+		log.Error("replication: closing the NATS connection; replication stops", "url", url, "err", err)
+		if tooOld != nil {
+			tooOld(fmt.Errorf("%w (at %s)", err, url)) // before Close: Connect reads it once nc is closed
+		}
 		nc.Close()
 		return
 	}
