@@ -4,8 +4,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 	"github.com/edgelimit/edgelimit/crdt/crdttest"
 	edgelimitpb "github.com/edgelimit/edgelimit/proto"
 	"github.com/edgelimit/edgelimit/replication"
+	"github.com/edgelimit/edgelimit/replication/natstest"
 )
 
 // popSeed makes an nkey for pop, writes its seed to a file, and returns the
@@ -32,29 +31,6 @@ func popSeed(t testing.TB, dir, pop string) (string, string) {
 		t.Fatal(err)
 	}
 	return file, pub
-}
-
-// violations collects the asynchronous errors of a connection.
-type violations struct {
-	mu   sync.Mutex
-	errs []string
-}
-
-func (v *violations) handler(_ *nats.Conn, _ *nats.Subscription, err error) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	v.errs = append(v.errs, err.Error())
-}
-
-func (v *violations) has(sub string) bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	for _, e := range v.errs {
-		if strings.Contains(e, sub) {
-			return true
-		}
-	}
-	return false
 }
 
 // TestPerPoPCredentials: an embedded server with one nkey per PoP lets the
@@ -102,9 +78,9 @@ func TestPerPoPCredentials(t *testing.T) {
 	converge(t, 5*time.Second, &o, fra, par)
 
 	// ams1's credential forges par1's delta and a beacon of region us.
-	var v violations
+	var v natstest.AsyncErrors
 	// ams1's inboxes, the only ones its credential may read (Permissions).
-	forger, err := nats.Connect(srv.ClientURL(), nats.ErrorHandler(v.handler), mustNkey(t, seeds["ams1"]),
+	forger, err := nats.Connect(srv.ClientURL(), nats.ErrorHandler(v.Handler), mustNkey(t, seeds["ams1"]),
 		nats.CustomInboxPrefix(replication.InboxPrefix(keys[2].PublicKey)))
 	if err != nil {
 		t.Fatal(err)
@@ -124,12 +100,12 @@ func TestPerPoPCredentials(t *testing.T) {
 			t.Fatal(err)
 		}
 		if _, err := waitFor(2*time.Second, func() error {
-			if !v.has("Permissions Violation for Publish to \"" + subject + "\"") {
+			if !v.Has("Permissions Violation for Publish to \"" + subject + "\"") {
 				return errors.New("no permissions violation yet")
 			}
 			return nil
 		}); err != nil {
-			t.Errorf("publishing on %s as ams1: %v (errors %v)", subject, err, v.errs)
+			t.Errorf("publishing on %s as ams1: %v (errors %v)", subject, err, v.All())
 		}
 	}
 	// Its own hot subject it may publish on, and subscribe to others'.
@@ -141,7 +117,7 @@ func TestPerPoPCredentials(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := hotSub.NextMsg(2 * time.Second); err != nil {
-		t.Errorf("ams1 on its own hot subject: %v (errors %v)", err, v.errs)
+		t.Errorf("ams1 on its own hot subject: %v (errors %v)", err, v.All())
 	}
 	// Its own subject it may use, and fra1 gets that.
 	own := &edgelimitpb.DeltaBatch{Replica: "ams1", Region: "eu", Seq: 1, SentUnixNano: time.Now().UnixNano()}

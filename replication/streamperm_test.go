@@ -16,6 +16,7 @@ import (
 	"github.com/edgelimit/edgelimit/crdt/crdttest"
 	edgelimitpb "github.com/edgelimit/edgelimit/proto"
 	"github.com/edgelimit/edgelimit/replication"
+	"github.com/edgelimit/edgelimit/replication/natstest"
 )
 
 // credServer is an embedded server of region eu that lets in only the
@@ -50,7 +51,7 @@ func startCredServer(t *testing.T) *credServer {
 }
 
 // conn connects as pop (its seed), or as the admin for pop "".
-func (cs *credServer) conn(t *testing.T, pop string, v *violations) *nats.Conn {
+func (cs *credServer) conn(t *testing.T, pop string, v *natstest.AsyncErrors) *nats.Conn {
 	t.Helper()
 	cfg := replication.ConnConfig{URL: cs.srv.ClientURL(), Name: pop, NKeySeedFile: cs.seeds[pop], Logger: testLogger(t)}
 	if pop == "" {
@@ -61,7 +62,7 @@ func (cs *credServer) conn(t *testing.T, pop string, v *violations) *nats.Conn {
 		t.Fatal(err)
 	}
 	if v != nil {
-		nc.SetErrorHandler(v.handler)
+		nc.SetErrorHandler(v.Handler)
 	}
 	t.Cleanup(nc.Close)
 	return nc
@@ -114,7 +115,7 @@ func TestPoPCannotAdministerStream(t *testing.T) {
 	admin := cs.conn(t, "", nil)
 	cs.startEU(t, "eu-1", admin)
 
-	var v violations
+	var v natstest.AsyncErrors
 	nc := cs.conn(t, "eu-2", &v)
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -148,12 +149,12 @@ func TestPoPCannotAdministerStream(t *testing.T) {
 	}
 	for _, subject := range []string{"$JS.API.STREAM.UPDATE.EDGELIMIT_EU", "$JS.API.STREAM.PURGE.EDGELIMIT_EU", "$JS.API.STREAM.DELETE.EDGELIMIT_EU"} {
 		if _, err := waitFor(5*time.Second, func() error {
-			if !v.has("Permissions Violation for Publish to \"" + subject + "\"") {
+			if !v.Has("Permissions Violation for Publish to \"" + subject + "\"") {
 				return errors.New("no permissions violation yet")
 			}
 			return nil
 		}); err != nil {
-			t.Errorf("%s as eu-2: %v (errors %v)", subject, err, v.errs)
+			t.Errorf("%s as eu-2: %v (errors %v)", subject, err, v.All())
 		}
 	}
 	after := streamConfig(t, js)

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,31 +20,8 @@ import (
 	"github.com/edgelimit/edgelimit/region"
 	"github.com/edgelimit/edgelimit/region/strong"
 	"github.com/edgelimit/edgelimit/replication"
+	"github.com/edgelimit/edgelimit/replication/natstest"
 )
-
-// asyncErrs collects a NATS connection's asynchronous errors (permissions
-// violations among them).
-type asyncErrs struct {
-	mu   sync.Mutex
-	errs []string
-}
-
-func (a *asyncErrs) handler(_ *nats.Conn, _ *nats.Subscription, err error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.errs = append(a.errs, err.Error())
-}
-
-func (a *asyncErrs) has(s string) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for _, e := range a.errs {
-		if strings.Contains(e, s) {
-			return true
-		}
-	}
-	return false
-}
 
 // natsconfServers runs `edgelimit natsconf` for topo and starts the two
 // kinds of servers that use what it writes, each on a free loopback port: a
@@ -102,7 +78,7 @@ func natsconfServers(t *testing.T, topo string) (string, map[string]string) {
 
 // popConn connects to url with pop's seed from keys, as a PoP does
 // (replication.Connect); errs, when set, gets its asynchronous errors.
-func popConn(t *testing.T, url, keys, pop string, errs *asyncErrs) *nats.Conn {
+func popConn(t *testing.T, url, keys, pop string, errs *natstest.AsyncErrors) *nats.Conn {
 	t.Helper()
 	nc, err := replication.Connect(replication.ConnConfig{URL: url, Name: pop, NKeySeedFile: filepath.Join(keys, pop+".nk"),
 		Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
@@ -111,7 +87,7 @@ func popConn(t *testing.T, url, keys, pop string, errs *asyncErrs) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	if errs != nil {
-		nc.SetErrorHandler(errs.handler)
+		nc.SetErrorHandler(errs.Handler)
 	}
 	// Wait for the CONNECT to be answered, so that what follows is judged
 	// by the credential's permissions.
@@ -165,12 +141,12 @@ func TestNatsconfStrongRequests(t *testing.T) {
 			}
 
 			for i, asker := range []string{"eu-2", "us-1"} {
-				var errs asyncErrs
+				var errs natstest.AsyncErrors
 				nc := popConn(t, url, keys, asker, &errs)
 				req := strong.Request{ID: uint64(i + 1), Key: "k-" + asker, Spec: strong.Spec{Limit: 10, Window: int64(time.Minute)}, Hits: 1}
 				rep, _, err := replication.NewStrongAsker(nc, top).Ask(context.Background(), 0, "eu-1", req, int64(60*time.Second))
 				if err != nil {
-					t.Fatalf("%s asking eu-1: %v (asynchronous errors %v)", asker, err, errs.errs)
+					t.Fatalf("%s asking eu-1: %v (asynchronous errors %v)", asker, err, errs.All())
 				}
 				if !rep.Allowed || rep.Key != req.Key || rep.Remaining != 9 {
 					t.Errorf("%s got %+v from eu-1, want the home's admission of %q with 9 left", asker, rep, req.Key)
@@ -182,7 +158,7 @@ func TestNatsconfStrongRequests(t *testing.T) {
 
 			// A third PoP's credential may not take the home's subject, nor
 			// every strong subject; what it asked for is never delivered.
-			var errs asyncErrs
+			var errs natstest.AsyncErrors
 			impostor := popConn(t, url, keys, "eu-2", &errs)
 			var stolen []*nats.Subscription
 			for _, subject := range []string{replication.StrongSubject("eu", "eu-1"), "edgelimit._strong.>"} {
@@ -192,7 +168,7 @@ func TestNatsconfStrongRequests(t *testing.T) {
 				}
 				stolen = append(stolen, s)
 				waitFor(t, "refused the subscription to "+subject, 60*time.Second, func() bool {
-					return errs.has(`Permissions Violation for Subscription to "` + subject + `"`)
+					return errs.Has(`Permissions Violation for Subscription to "` + subject + `"`)
 				})
 			}
 			asker := popConn(t, url, keys, "us-1", nil)
@@ -214,7 +190,7 @@ func TestNatsconfStrongRequests(t *testing.T) {
 
 			// A request whose reply subject is another PoP's delta subject
 			// (eu-2 may not publish there) gets no answer.
-			var spyErrs asyncErrs
+			var spyErrs natstest.AsyncErrors
 			spy := popConn(t, url, keys, "us-1", &spyErrs)
 			deltas, err := spy.SubscribeSync(replication.DeltaSubject("us", "us-1"))
 			if err != nil {
@@ -288,7 +264,7 @@ func TestNatsconfPoPCannotDeleteConsumers(t *testing.T) {
 	name := cons.CachedInfo().Name
 
 	for _, pop := range []string{"eu-1", "eu-2"} {
-		var errs asyncErrs
+		var errs natstest.AsyncErrors
 		nc := popConn(t, url, keys, pop, &errs)
 		pjs, err := jetstream.New(nc)
 		if err != nil {
@@ -301,7 +277,7 @@ func TestNatsconfPoPCannotDeleteConsumers(t *testing.T) {
 			t.Fatalf("%s deleted consumer %s of %s", pop, name, stream)
 		}
 		subject := fmt.Sprintf(`Permissions Violation for Publish to "$JS.API.CONSUMER.DELETE.%s.%s"`, stream, name)
-		waitFor(t, pop+"'s delete refused", 60*time.Second, func() bool { return errs.has(subject) })
+		waitFor(t, pop+"'s delete refused", 60*time.Second, func() bool { return errs.Has(subject) })
 	}
 	if _, err := js.Consumer(ctx, stream, name); err != nil {
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
@@ -339,14 +315,14 @@ func TestNatsconfInboxesArePerPoP(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 			defer cancel()
-			var errs asyncErrs
+			var errs natstest.AsyncErrors
 			spy := popConn(t, url, keys, "eu-2", &errs)
 			sjs, err := jetstream.New(spy)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if _, err := sjs.AccountInfo(ctx); err != nil {
-				t.Fatalf("eu-2's JetStream request, answered on its own inbox: %v (asynchronous errors %v)", err, errs.errs)
+				t.Fatalf("eu-2's JetStream request, answered on its own inbox: %v (asynchronous errors %v)", err, errs.All())
 			}
 			var stolen []*nats.Subscription
 			for _, subject := range []string{"_INBOX.>", replication.InboxPrefix(pubOf("eu-1")) + ".>"} {
@@ -356,7 +332,7 @@ func TestNatsconfInboxesArePerPoP(t *testing.T) {
 				}
 				stolen = append(stolen, s)
 				waitFor(t, "refused the subscription to "+subject, 60*time.Second, func() bool {
-					return errs.has(`Permissions Violation for Subscription to "` + subject + `"`)
+					return errs.Has(`Permissions Violation for Subscription to "` + subject + `"`)
 				})
 			}
 
