@@ -113,6 +113,19 @@ func waitFor(t *testing.T, what string, limit time.Duration, ok func() bool) {
 	}
 }
 
+// waitUnready waits until the PoP at addr answers /readyz with 503 and a
+// reason containing reason, and returns that answer.
+func waitUnready(t *testing.T, addr, what, reason string, limit time.Duration) string {
+	t.Helper()
+	var body string
+	waitFor(t, what, limit, func() bool {
+		var c int
+		c, body = getBody(t, "http://"+addr+"/readyz")
+		return c == 503 && strings.Contains(body, reason)
+	})
+	return body
+}
+
 // A PoP whose data disk fills up (a real tmpfs, filled by another writer)
 // keeps answering from memory, fails /readyz naming the full disk, sets
 // edgelimit_durable_disk_full, neither spins nor floods its log, and saves
@@ -171,10 +184,7 @@ func TestPoPDiskFull(t *testing.T) {
 			t.Fatalf("check %d on a full disk: %d, want 200", i+3, c)
 		}
 	}
-	waitFor(t, "unready on the full disk", 5*time.Second, func() bool {
-		c, body := getBody(t, "http://"+addr+"/readyz")
-		return c == 503 && strings.Contains(body, "disk full")
-	})
+	waitUnready(t, addr, "unready on the full disk", "disk full", 5*time.Second)
 	if v := metricValue(t, addr, "edgelimit_durable_disk_full"); v != "1" {
 		t.Errorf("edgelimit_durable_disk_full = %q on a full disk, want 1", v)
 	}

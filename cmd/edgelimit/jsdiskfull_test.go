@@ -50,10 +50,7 @@ func TestPoPJetStreamDiskFull(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	waitFor(t, "a unready on the full JetStream disk", 10*time.Second, func() bool {
-		c, body := getBody(t, "http://"+a+"/readyz")
-		return c == 503 && strings.Contains(body, "JetStream")
-	})
+	waitUnready(t, a, "a unready on the full JetStream disk", "JetStream", 10*time.Second)
 	if v := metricValue(t, a, "edgelimit_jetstream_disk_full"); v != "1" {
 		t.Errorf("edgelimit_jetstream_disk_full = %q on a full disk, want 1", v)
 	}

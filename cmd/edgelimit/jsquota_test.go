@@ -129,12 +129,7 @@ func TestPoPJetStreamStoreQuota(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	var body string
-	waitFor(t, "a unready on JetStream's refusals", 30*time.Second, func() bool {
-		var c int
-		c, body = getBody(t, "http://"+a+"/readyz")
-		return c == 503 && strings.Contains(body, "JetStream refuses to store")
-	})
+	body := waitUnready(t, a, "a unready on JetStream's refusals", "JetStream refuses to store", 30*time.Second)
 	t.Logf("a with the store full: /readyz 503: %s", strings.TrimSpace(body))
 	if v := metricValue(t, a, "edgelimit_jetstream_store_full"); v != "1" {
 		t.Errorf("edgelimit_jetstream_store_full = %q with publishes refused, want 1", v)

@@ -70,12 +70,7 @@ func TestPoPsLinkWithLeafCredential(t *testing.T) {
 	// Without a credential: the hub refuses the link, and b says so.
 	nocred := startPoPUnready(t, bin, append([]string{"--listen", b, "--data", filepath.Join(dir, "b-nocred"), "--region", "us", "--pop", "b",
 		"--nats-nkey", filepath.Join(keys, "b.nk"), "--nats-port", port(), "--nats-leaf-remote", "nats-leaf://127.0.0.1:" + leaf}, common...)...)
-	var body string
-	waitFor(t, "b unready for its refused leaf link", 60*time.Second, func() bool {
-		var code int
-		code, body = getBody(t, "http://"+b+"/readyz")
-		return code == 503 && strings.Contains(body, "refuses this region's leaf link")
-	})
+	body := waitUnready(t, b, "b unready for its refused leaf link", "refuses this region's leaf link", 60*time.Second)
 	t.Logf("b without --nats-leaf-nkey: /readyz 503: %s", strings.TrimSpace(body))
 	if v := metricValue(t, b, "edgelimit_nats_leaf_links_down"); v != "1" {
 		t.Errorf("edgelimit_nats_leaf_links_down = %q with the link refused, want 1", v)
