@@ -59,11 +59,7 @@ descriptors:
 	if pinned < 40 {
 		t.Fatalf("a client pinned to a got %d of a bounded 40 in 2 minutes: b's share did not move to it", pinned)
 	}
-	for range 20 {
-		if checkKey(t, a, "p") == 200 {
-			pinned++
-		}
-	}
+	pinned += admittedOf(t, a, "p", 20)
 	t.Logf("a client pinned to a got %d of a bounded 40", pinned)
 	if pinned > 40 {
 		t.Fatalf("a client pinned to a got %d, over the bounded 40", pinned)

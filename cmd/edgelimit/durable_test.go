@@ -49,6 +49,19 @@ func checkKey(t *testing.T, addr, key string) int {
 	return resp.StatusCode
 }
 
+// admittedOf makes n checks of key at addr one after another and returns
+// how many were admitted.
+func admittedOf(t *testing.T, addr, key string, n int) int {
+	t.Helper()
+	admitted := 0
+	for range n {
+		if checkKey(t, addr, key) == 200 {
+			admitted++
+		}
+	}
+	return admitted
+}
+
 // A PoP restarted — cleanly or by kill -9 a flush interval after its last
 // admission — admits no key of any scope and any algorithm beyond its limit
 // across the restart, with or without --region: each key gets 5 admissions
@@ -229,12 +242,7 @@ func TestPoPStateMovedAsideRecoversFromStream(t *testing.T) {
 	natsPort := strings.Split(freeAddr(t), ":")[1]
 	args := []string{"--listen", addr, "--rules", rules, "--data", data, "--region", "eu", "--pop", "a", "--nats-port", natsPort, "--log-level", "warn"}
 	p := startPoP(t, bin, args...)
-	admitted := 0
-	for range 3 {
-		if checkKey(t, addr, "global") == 200 {
-			admitted++
-		}
-	}
+	admitted := admittedOf(t, addr, "global", 3)
 	time.Sleep(500 * time.Millisecond) // saved and published
 	p.Process.Kill()
 	p.Wait()
@@ -244,11 +252,7 @@ func TestPoPStateMovedAsideRecoversFromStream(t *testing.T) {
 	}
 	startPoP(t, bin, args...)
 	time.Sleep(time.Second) // the stream replays
-	for range 5 {
-		if checkKey(t, addr, "global") == 200 {
-			admitted++
-		}
-	}
+	admitted += admittedOf(t, addr, "global", 5)
 	if admitted != 5 {
 		t.Fatalf("admitted %d of a global limit of 5 across a restart without the state directory", admitted)
 	}
