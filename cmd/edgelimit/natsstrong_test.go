@@ -76,6 +76,26 @@ func natsconfServers(t *testing.T, topo string) (string, map[string]string) {
 	return keys, map[string]string{"edgelimit-accounts.conf": srv.ClientURL(), "authorized_keys": emb.ClientURL()}
 }
 
+// subscribeRefused subscribes nc, whose asynchronous errors errs collects,
+// to each subject, and waits until the server refuses each subscription. It
+// returns the subscriptions, for the caller to show that nothing arrives on
+// them.
+func subscribeRefused(t *testing.T, nc *nats.Conn, errs *natstest.AsyncErrors, subjects ...string) []*nats.Subscription {
+	t.Helper()
+	var subs []*nats.Subscription
+	for _, subject := range subjects {
+		s, err := nc.SubscribeSync(subject)
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs = append(subs, s)
+		waitFor(t, "refused the subscription to "+subject, 60*time.Second, func() bool {
+			return errs.Has(`Permissions Violation for Subscription to "` + subject + `"`)
+		})
+	}
+	return subs
+}
+
 // popConn connects to url with pop's seed from keys, as a PoP does
 // (replication.Connect); errs, when set, gets its asynchronous errors.
 func popConn(t *testing.T, url, keys, pop string, errs *natstest.AsyncErrors) *nats.Conn {
@@ -160,17 +180,7 @@ func TestNatsconfStrongRequests(t *testing.T) {
 			// every strong subject; what it asked for is never delivered.
 			var errs natstest.AsyncErrors
 			impostor := popConn(t, url, keys, "eu-2", &errs)
-			var stolen []*nats.Subscription
-			for _, subject := range []string{replication.StrongSubject("eu", "eu-1"), "edgelimit._strong.>"} {
-				s, err := impostor.SubscribeSync(subject)
-				if err != nil {
-					t.Fatal(err)
-				}
-				stolen = append(stolen, s)
-				waitFor(t, "refused the subscription to "+subject, 60*time.Second, func() bool {
-					return errs.Has(`Permissions Violation for Subscription to "` + subject + `"`)
-				})
-			}
+			stolen := subscribeRefused(t, impostor, &errs, replication.StrongSubject("eu", "eu-1"), "edgelimit._strong.>")
 			asker := popConn(t, url, keys, "us-1", nil)
 			req := strong.Request{ID: 7, Key: "k-after", Spec: strong.Spec{Limit: 10, Window: int64(time.Minute)}, Hits: 1}
 			if _, _, err := replication.NewStrongAsker(asker, top).Ask(context.Background(), 0, "eu-1", req, int64(60*time.Second)); err != nil {
@@ -324,17 +334,7 @@ func TestNatsconfInboxesArePerPoP(t *testing.T) {
 			if _, err := sjs.AccountInfo(ctx); err != nil {
 				t.Fatalf("eu-2's JetStream request, answered on its own inbox: %v (asynchronous errors %v)", err, errs.All())
 			}
-			var stolen []*nats.Subscription
-			for _, subject := range []string{"_INBOX.>", replication.InboxPrefix(pubOf("eu-1")) + ".>"} {
-				s, err := spy.SubscribeSync(subject)
-				if err != nil {
-					t.Fatal(err)
-				}
-				stolen = append(stolen, s)
-				waitFor(t, "refused the subscription to "+subject, 60*time.Second, func() bool {
-					return errs.Has(`Permissions Violation for Subscription to "` + subject + `"`)
-				})
-			}
+			stolen := subscribeRefused(t, spy, &errs, "_INBOX.>", replication.InboxPrefix(pubOf("eu-1"))+".>")
 
 			// eu-1 reads its region's stream (as a Replicator does) and
 			// gets a message on its inbox, with its consumer's name.
