@@ -51,15 +51,15 @@ func TestStrongHoldsLikeCentral(t *testing.T) {
 // A home whose clock the PoPs' agreement corrects holds the limit across
 // the step: on skew.yaml the home (eu-central, 300 ms behind) steps 300 ms
 // forward 80 ms into the spray, and the hits it admitted before count in
-// the window the new clock puts them in. Without that, the sprayer got 40%
-// over the limit in the first second, where one central store is 0.2% over.
+// the window the new clock puts them in. Without that, the sprayer went
+// far over the limit in the first second, where one central store does not.
 func TestStrongHomeClockStep(t *testing.T) { clockStepHeld(t, "strong") }
 
 // A PoP whose clock the clock agreement steps forward holds a bounded limit
 // as well: the hits it admitted just before the step, which the agreed
 // clock places in the new window, count there (escrow.Ledger.Step).
 // Without that, skew.yaml's PoP 300 ms behind spent a second allowance in
-// the same second, 10% over the limit.
+// the same second.
 func TestBoundedClockStep(t *testing.T) { clockStepHeld(t, "bounded") }
 
 // clockStepHeld runs skew.yaml's first 3 s under consistency mode and

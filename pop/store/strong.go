@@ -495,10 +495,9 @@ func (s *Strong) answerAt(ctx context.Context, now int64, req strong.Request) (s
 // the hits admitted in the last moments before the step lie, by the new
 // clock, in the new window, yet sit in the one before, where a sliding count
 // weighs them as spread over that whole window and forgets them as the new
-// one slides on — a window too soon. Measured on simulate/scenarios/skew.yaml
-// (a home 300 ms behind, corrected 80 ms into a 5000/s spray of a 1000/s
-// limit): the 400 hits of those 80 ms were let in again within the second,
-// 40% over the limit, where one central store is 0.2% over. So the home keeps
+// one slides on — a window too soon, and the home lets them in again
+// within the same second (simulate/scenarios/skew.yaml: a home 300 ms
+// behind, corrected early in a spray). So the home keeps
 // when it admitted what, lately (homeAdmits), and on a step forward counts
 // the hits the new clock puts in a later window than the old one did in the
 // current window as well (MoveClock). They count twice while the old window

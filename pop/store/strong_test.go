@@ -386,7 +386,7 @@ func TestStrongHomeDecidesAtItsOwnShare(t *testing.T) {
 // over the true time: the hits it admitted just before the step lie, by the
 // new clock, in the new window, and count there (MoveClock). Without it
 // they sit in the window before, which a sliding count forgets as the new
-// window slides, and the home lets them in again (skew.yaml: 40% over).
+// window slides, and the home lets them in again (skew.yaml).
 func TestStrongHomeClockStepsForward(t *testing.T) {
 	const limitHits, w = 100, int64(time.Minute)
 	for _, askHome := range []bool{true, false} {
