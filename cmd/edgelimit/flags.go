@@ -19,7 +19,7 @@ var errUsage = errors.New("usage")
 
 // usageError is a command line or setting a command refused before it ran:
 // an unknown flag, a flag without its value, a value that does not parse, a
-// stray argument. run prints it as one line, then one line pointing at the
+// stray argument. run prints it as one line that ends pointing at the
 // command's --help, and exits 2.
 type usageError struct{ msg string }
 

@@ -170,7 +170,7 @@ func TestNatsDirectFlag(t *testing.T) {
 }
 
 // A command line the binary refuses is one line naming the flag and the form
-// its value takes, and one line pointing at the command's --help — not the
+// its value takes and ending with a pointer to the command's --help — not the
 // whole usage — with exit status 2.
 func TestFlagRefusalIsOneLineAndAHint(t *testing.T) {
 	scenario := filepath.Join("..", "..", "simulate", "scenarios", "spray.yaml")
@@ -198,12 +198,22 @@ func TestFlagRefusalIsOneLineAndAHint(t *testing.T) {
 			}
 			var out, errb bytes.Buffer
 			code := run(c.args, &out, &errb)
-			lines := strings.Split(strings.TrimSuffix(errb.String(), "\n"), "\n")
-			hint := "run 'edgelimit " + c.args[0] + " --help' for its flags"
-			if code != 2 || out.Len() != 0 || len(lines) != 2 || lines[0] != c.want || lines[1] != hint {
-				t.Fatalf("exit %d, stdout %q, stderr:\n%s\nwant exit 2, no stdout, and the two lines:\n%s\n%s", code, out.String(), errb.String(), c.want, hint)
+			want := c.want + "; see 'edgelimit " + c.args[0] + " --help'\n"
+			if code != 2 || out.Len() != 0 || errb.String() != want {
+				t.Fatalf("exit %d, stdout %q, stderr:\n%s\nwant exit 2, no stdout, and the one line:\n%s", code, out.String(), errb.String(), want)
 			}
 		})
+	}
+}
+
+// An unknown command is one line pointing at 'edgelimit help', not the whole
+// usage.
+func TestUnknownCommandIsOneLine(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := run([]string{"bogus"}, &out, &errb)
+	want := "edgelimit: unknown command \"bogus\"; see 'edgelimit help'\n"
+	if code != 2 || out.Len() != 0 || errb.String() != want {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 2, no stdout and %q", code, out.String(), errb.String(), want)
 	}
 }
 

@@ -65,7 +65,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return 0
 	default:
-		fmt.Fprintf(stderr, "edgelimit: unknown command %q\n\n%s", cmd, usage)
+		fmt.Fprintf(stderr, "edgelimit: unknown command %q; see 'edgelimit help'\n", cmd)
 		return 2
 	}
 	var help *helpRequest
@@ -79,7 +79,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.As(err, &bad):
-		fmt.Fprintf(stderr, "edgelimit %s: %s\nrun 'edgelimit %s --help' for its flags\n", args[0], bad.msg, args[0])
+		fmt.Fprintf(stderr, "edgelimit %s: %s; see 'edgelimit %s --help'\n", args[0], bad.msg, args[0])
 		return 2
 	case errors.Is(err, errUsage):
 		return 2
