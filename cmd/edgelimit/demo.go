@@ -28,14 +28,18 @@ Starts a local multi-region deployment on loopback: one NATS server with
 JetStream per region (the first region is the hub; the others connect to it as
 leaf nodes, each region its own JetStream domain, as deploy/nats/ configures
 production), and PoPs as separate 'edgelimit pop' processes, each connected to
-its region's NATS server. Prints one line per PoP:
+its region's NATS server. Once every PoP is ready, prints one line per PoP:
 
   <region> <pop> <check URL> [<admin URL>]
+
+The default rules, deploy/examples/demo.yaml, hold a limit counted across
+every PoP (user, 10 an hour) and one across a region's (team, 5 an hour); the
+README's "A local multi-region demo" walks through them.
 
 With --quotas postgres://…, every PoP follows the same PostgreSQL quota store
 (each region's PoPs read it directly; see docs/tenants.md).
 
-and stops everything cleanly on Ctrl-C.
+Ctrl-C stops everything cleanly.
 
 Flags:
 `
@@ -44,7 +48,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var rules listFlag
-	rules.values = []string{"deploy/examples/rules.yaml"}
+	rules.values = []string{"deploy/examples/demo.yaml"}
 	fs.Var(&rules, "rules", "rule `files or directories`, as for pop")
 	regions := fs.String("regions", "eu,us,ap", "regions, comma-separated; the first is the NATS hub")
 	perRegion := fs.Int("pops", 2, "PoPs per region")
@@ -98,8 +102,10 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	urls := map[string]string{}
 	var hubLeaf string
 	for i, r := range names {
+		// The PoPs are other processes: the demo's servers take
+		// anonymous clients, on loopback (a demo, not a deployment).
 		cfg := replication.ServerConfig{Name: "nats-" + r, Dir: filepath.Join(*dataDir, "nats-"+r), Port: -1, Domain: r,
-			Logger: log.With("nats", r)}
+			Anonymous: true, Logger: log.With("nats", r)}
 		if i == 0 {
 			leafPort, err := freePort()
 			if err != nil {
