@@ -75,9 +75,12 @@ type StoreStatus struct {
 
 // RulesStatus is the rules in force and the latest load of the files.
 type RulesStatus struct {
-	Files    []string  `json:"files"`
-	Domains  int       `json:"domains"`
-	Limits   int       `json:"limits"`
+	Files   []string `json:"files"`
+	Domains int      `json:"domains"`
+	Limits  int      `json:"limits"`
+	// Version names the limits in force: PoPs showing the same one enforce
+	// the same limits ("" if it could not be made).
+	Version  string    `json:"version,omitempty"`
 	LoadedAt time.Time `json:"loaded_at"` // when the rules in force were loaded
 	Loads    uint64    `json:"loads"`     // successful loads since start, the first one included
 	Failures uint64    `json:"failures"`  // failed reloads since start
@@ -319,12 +322,13 @@ footer { margin-top: 2em; color: #666; font-size: 0.9em; }
 {{with .Store.Error}}<tr><th>failing</th><td class="err">{{.}}{{with $.Store.FailingSince}} (since {{when .}}){{end}}</td></tr>{{end}}
 {{with .Store.Breaker}}<tr><th>circuit breaker</th><td>{{.}}{{if eq . "closed"}} (Redis decides){{else if eq . "open"}} <span class="badge warn">fallback</span> the embedded store decides{{else}} (probing Redis){{end}}</td></tr>{{end}}
 {{if eq .Store.Kind "redis"}}<tr><th>decided without Redis</th><td>{{.Store.FallbackDecisions}} checks since start</td></tr>{{end}}
-<tr><th>keys in the embedded table</th><td>{{.Store.Keys}} ({{if eq .Store.Kind "redis"}}the fallback's, {{end}}edgelimit_store_keys)</td></tr>
+<tr><th>keys in the embedded table</th><td>{{.Store.Keys}} ({{if eq .Store.Kind "redis"}}the fallback's, {{end}}edgelimit_store_keys){{if .Repl}}: limits of scope pop; replication keeps the counts of region and global limits{{end}}</td></tr>
 </table>
 
 <h2>Rules</h2>
 <table class="kv">
 <tr><th>in force</th><td>{{.Rules.Limits}} limit{{if ne .Rules.Limits 1}}s{{end}} in {{.Rules.Domains}} domain{{if ne .Rules.Domains 1}}s{{end}}, loaded {{when .Rules.LoadedAt}}</td></tr>
+{{with .Rules.Version}}<tr><th>version</th><td><span class="mono">{{.}}</span> (the same at every PoP that enforces the same limits)</td></tr>{{end}}
 <tr><th>files</th><td>{{range $i, $f := .Rules.Files}}{{if $i}}, {{end}}<span class="mono">{{$f}}</span>{{end}}</td></tr>
 <tr><th>loads</th><td>{{.Rules.Loads}} ok, {{.Rules.Failures}} failed since start</td></tr>
 <tr><th>last reload</th><td>{{if .Rules.LastError}}<span class="badge bad">failed</span> <span class="err">{{.Rules.LastError}}</span>{{with .Rules.LastErrorAt}} ({{when .}}){{end}}; the rules above stay in force{{else}}<span class="badge ok">ok</span>{{end}}</td></tr>

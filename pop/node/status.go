@@ -1,6 +1,9 @@
 package node
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,6 +45,7 @@ type statusSource struct {
 // ruleLog is what the status page says of rule loads.
 type ruleLog struct {
 	domains, limits int
+	version         string // rulesVersion of the rules in force
 	loadedAt        time.Time
 	loads, failures uint64
 	lastErr         string // "" once a load succeeds again
@@ -71,6 +75,7 @@ func (s *statusSource) loaded(set *rules.Set, now time.Time, watcher bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.rules.domains, s.rules.limits = len(set.Domains()), len(set.Limits())
+	s.rules.version = rulesVersion(set)
 	s.rules.lastErr = ""
 	if watcher && !s.rules.watched {
 		s.rules.watched = true // the start's rules again (or newer ones)
@@ -78,6 +83,19 @@ func (s *statusSource) loaded(set *rules.Set, now time.Time, watcher bool) {
 	}
 	s.rules.loadedAt = now
 	s.rules.loads++
+}
+
+// rulesVersion names the limits of set: the first 12 hex digits of a SHA-256
+// of the domains and every limit, field by field. PoPs that show the same
+// version enforce the same limits, whatever the files' names, comments or
+// order of domains; an edit that changes a limit changes it.
+func rulesVersion(set *rules.Set) string {
+	h := sha256.New()
+	enc := json.NewEncoder(h) // a map's keys (a limit's metadata) in sorted order
+	if enc.Encode(set.Domains()) != nil || enc.Encode(set.Limits()) != nil {
+		return ""
+	}
+	return hex.EncodeToString(h.Sum(nil))[:12]
 }
 
 // failed records a failed reload at now.
@@ -168,7 +186,7 @@ func (s *statusSource) status(now time.Time) *httpapi.Status {
 	}
 	s.mu.Unlock()
 
-	st.Rules = httpapi.RulesStatus{Files: s.cfg.Rules, Domains: r.domains, Limits: r.limits, LoadedAt: r.loadedAt,
+	st.Rules = httpapi.RulesStatus{Files: s.cfg.Rules, Domains: r.domains, Limits: r.limits, Version: r.version, LoadedAt: r.loadedAt,
 		Loads: r.loads, Failures: r.failures, LastError: r.lastErr}
 	if r.lastErr != "" {
 		at := r.lastErrAt

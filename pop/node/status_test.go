@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -47,6 +48,8 @@ func TestRunStatusPage(t *testing.T) {
 		t.Fatalf("store %+v, want embedded with the one key checked", st.Store)
 	case st.Rules.Limits != 1 || st.Rules.Domains != 1 || len(st.Rules.Files) != 1 || st.Rules.Files[0] != file || st.Rules.Loads != 1 || st.Rules.LastError != "":
 		t.Fatalf("rules %+v, want the one limit of %s loaded once", st.Rules, file)
+	case !regexp.MustCompile(`^[0-9a-f]{12}$`).MatchString(st.Rules.Version):
+		t.Fatalf("rules version %q, want 12 hex digits", st.Rules.Version)
 	case st.Traffic.Requests != 3 || st.Traffic.Decisions != 3 || st.Traffic.Denied != 1:
 		t.Fatalf("traffic %+v, want 3 requests, 1 denied", st.Traffic)
 	}
@@ -68,7 +71,8 @@ func TestRunStatusPage(t *testing.T) {
 	}
 	page, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{"1 limit in 1 domain", filepath.Base(file), "failed", "the rules above stay in force", "3 since start", "1 since start"} {
+	version := st.Rules.Version
+	for _, want := range []string{"1 limit in 1 domain", version, filepath.Base(file), "failed", "the rules above stay in force", "3 since start", "1 since start"} {
 		if !strings.Contains(string(page), want) {
 			t.Errorf("GET / (redirected to the page) does not show %q", want)
 		}
@@ -81,8 +85,8 @@ func TestRunStatusPage(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if st.Rules.Loads != 2 || st.Rules.LastError != "" {
-		t.Fatalf("rules %+v, want a second load and no error", st.Rules)
+	if st.Rules.Loads != 2 || st.Rules.LastError != "" || st.Rules.Version == version || st.Rules.Version == "" {
+		t.Fatalf("rules %+v, want a second load, no error, and a version other than the first's %s", st.Rules, version)
 	}
 }
 
