@@ -675,6 +675,7 @@ svg .cutedge { stroke: #777; stroke-width: 1; stroke-dasharray: 2 3; }
 svg .cutlabel { font-size: 11px; fill: #555; }
 svg .legend { font-size: 12px; fill: #222; }
 svg polyline { fill: none; stroke-width: 1.5; stroke-linejoin: round; stroke-opacity: 0.85; }
+.wide { overflow-x: auto; max-width: 100%; }
 table.results { border-collapse: collapse; font-size: 13px; margin: 1em 0 0.4em; font-variant-numeric: tabular-nums; }
 table.results th, table.results td { padding: 0.25em 0.55em; text-align: right; border-bottom: 1px solid #ddd; white-space: nowrap; }
 table.results thead th { border-bottom: 2px solid #444; }
@@ -696,12 +697,12 @@ table.counts th:first-child, table.counts td:first-child { text-align: left; }
 
 <h2>Results</h2>
 <pre>{{.Head}}</pre>
-{{range .Tables}}<table class="results">
+{{range .Tables}}<div class="wide"><table class="results">
 <thead><tr>{{range .Cols}}<th scope="col" title="{{.Help}}">{{.Name}}</th>{{end}}</tr></thead>
 <tbody>
 {{range .Rows}}<tr{{if .Ours}} class="ours"{{end}}>{{range $i, $c := .Cells}}{{if $i}}<td>{{$c}}</td>{{else}}<th scope="row">{{$c}}</th>{{end}}{{end}}</tr>
 {{end}}</tbody>
-</table>
+</table></div>
 <dl class="help">
 {{range .Cols}}<dt>{{.Name}}</dt><dd>{{.Help}}</dd>
 {{end}}</dl>
@@ -714,10 +715,10 @@ table.counts th:first-child, table.counts td:first-child { text-align: left; }
 <h2>How far windows went over the limit</h2>
 {{template "chart" .Over}}
 <p>How to read this: every fixed limit window of every key that admitted at least one hit counts once. For each strategy, the bars show which share of those windows ended with how much excess over the limit, as a percentage of the limit. Windows with no excess are left out of the chart (with many keys they are nearly all of them, and their bar would flatten the others); the table below gives every bucket, “0” included, and each strategy's row adds up to 100%. A strategy that never overshoots has no bars; the further right its bars reach, the further it went over the limit, and the taller they are there, the more often.</p>
-<table class="counts">
+<div class="wide"><table class="counts">
 <tr><th>% of windows</th>{{range .Counts.Buckets}}<th>{{.}}</th>{{end}}</tr>
 {{range .Counts.Rows}}<tr><td>{{.Strategy}}</td>{{range .Cells}}<td>{{.}}</td>{{end}}</tr>
-{{end}}</table>
+{{end}}</table></div>
 </body>
 </html>
 {{define "chart"}}<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {{.Width}} {{.Height}}" width="{{.Width}}" height="{{.Height}}" role="img" aria-label="{{.Title}}">

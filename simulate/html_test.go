@@ -518,3 +518,22 @@ func slicesIndex(cols []column, name string) int {
 	}
 	return -1
 }
+
+// TestHTMLTablesScroll: every table of the page sits in a box that scrolls
+// sideways, so that on a narrow screen a wide table scrolls by itself and
+// the page keeps the screen's width.
+func TestHTMLTablesScroll(t *testing.T) {
+	sc := load(t, "partition.yaml")
+	shrink(&sc, 1, 2*time.Second)
+	rep, _ := table(t, sc)
+	page := string(renderHTML(t, rep))
+	if !regexp.MustCompile(`\.wide \{[^}]*overflow-x: auto`).MatchString(page) {
+		t.Fatal("the style has no .wide box with overflow-x: auto")
+	}
+	tables := strings.Count(page, "<table")
+	wrapped := strings.Count(page, `<div class="wide"><table`)
+	if tables == 0 || wrapped != tables {
+		t.Fatalf("%d of %d tables in a scrolling box", wrapped, tables)
+	}
+	parseHTML(t, []byte(page)) // still well-formed
+}
