@@ -162,9 +162,17 @@ func (rep Report) htmlFacts() []string {
 		rep.Duration.String() + " simulated",
 	}
 	if rep.Sources > 0 || rep.Keys > 0 {
-		f = append(f, fmt.Sprintf("%d sources on %d keys", rep.Sources, rep.Keys))
+		f = append(f, plural(rep.Sources, "source")+" on "+plural(rep.Keys, "key"))
 	}
 	return f
+}
+
+// plural is n and noun, with an s unless n is 1: "1 source", "3 keys".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
 }
 
 // htmlNum formats v with prec decimals. The scales never divide by zero, so

@@ -536,4 +536,7 @@ func TestHTMLTablesScroll(t *testing.T) {
 		t.Fatalf("%d of %d tables in a scrolling box", wrapped, tables)
 	}
 	parseHTML(t, []byte(page)) // still well-formed
+	if rep.Sources == 1 && rep.Keys == 1 && !strings.Contains(page, "1 source on 1 key<") {
+		t.Errorf("the facts do not say %q", "1 source on 1 key")
+	}
 }
