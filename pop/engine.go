@@ -572,8 +572,10 @@ func (e *Engine) decide(ctx context.Context, s *scratch, nowNs int64) (bool, err
 // atomic store step. Items counting 0 hits go first and are only peeked at
 // (see peek); once a group denies the request, the groups after it are only
 // peeked at too, so they spend nothing — but a group decided before the
-// denial has spent its hits, as every descriptor does in Envoy's ratelimit.
-// The hits of peeked items become 0 in s.hits.
+// denial has spent its hits, as every descriptor does in Envoy's ratelimit,
+// and so do the items after it that count denied hits (spendDenied).
+// The hits of peeked items become 0 in s.hits, but those of repeated keys
+// that count denied hits after the denial: countRepeated counts them.
 func (e *Engine) decideGroups(ctx context.Context, s *scratch, nowNs int64) (bool, error) {
 	return e.decideGroupsFrom(ctx, s, nowNs, 0)
 }
@@ -610,6 +612,16 @@ func (e *Engine) decideGroupsFrom(ctx context.Context, s *scratch, nowNs int64, 
 		}
 		peeking := h == 0 || !admitted
 		hits := h
+		if h > 0 && !admitted {
+			n, err := e.spendDenied(ctx, s, nowNs, h)
+			if err != nil {
+				return false, err
+			}
+			done += n
+			if len(s.groupIdx) == 0 {
+				continue
+			}
+		}
 		if peeking {
 			hits = peekHits(s.groupItems)
 			for j := range s.groupItems {
@@ -624,7 +636,9 @@ func (e *Engine) decideGroupsFrom(ctx context.Context, s *scratch, nowNs int64, 
 			d := s.groupOut[j]
 			if peeking {
 				d = peek(d)
-				s.hits[i] = 0
+				if h == 0 || !slices.Contains(s.recount, i) { // countRepeated counts those
+					s.hits[i] = 0
+				}
 			}
 			s.out[i], s.decided[i] = d, true
 			if !d.Allowed && !s.items[i].Shadow {

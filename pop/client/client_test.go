@@ -24,6 +24,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/pop/client"
 	"github.com/edgelimit/edgelimit/pop/poptest"
+	"github.com/edgelimit/edgelimit/pop/store"
 	"github.com/edgelimit/edgelimit/pop/store/redistest"
 )
 
@@ -250,12 +251,24 @@ func TestInterceptorReleasesOnPanic(t *testing.T) {
 	}
 }
 
+// leasesKnown marks a fresh redis-server as holding every lease ever granted
+// (store.LeaseMarkerKey at the epoch), as a Redis that always kept its data
+// would; otherwise the PoPs would refuse every lease for one lease_ttl, not
+// knowing that the Redis is new rather than emptied (docs/durability-leases.md).
+func leasesKnown(t *testing.T, r *redistest.Server) {
+	t.Helper()
+	if _, err := r.Do("SET", store.LeaseMarkerKey, "0"); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // 64 goroutines on each of 3 PoP processes sharing one redis-server never
 // hold more than the limit at once, counted in the application's handlers
 // (each holds its request 10 ms).
 func TestThreePoPsOneRedis(t *testing.T) {
 	const limit, perPoP, rounds = 10, 64, 25
 	redis := redistest.Start(t)
+	leasesKnown(t, redis)
 	rules := poptest.Rules(t, fmt.Sprintf(concRules, limit, "30s"))
 	var inFlight, most, acquired, denied, noLease atomic.Int64
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -319,6 +332,7 @@ func TestThreePoPsOneRedis(t *testing.T) {
 func TestCrashedHolderSlotReturns(t *testing.T) {
 	const ttl = 2 * time.Second
 	redis := redistest.Start(t)
+	leasesKnown(t, redis)
 	rules := poptest.Rules(t, fmt.Sprintf(concRules, 1, ttl))
 	a := poptest.Start(t, "--rules", rules, "--store", redis.URL(), "--redis-timeout", "1s")
 	b := poptest.Start(t, "--rules", rules, "--store", redis.URL(), "--redis-timeout", "1s")

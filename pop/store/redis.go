@@ -238,6 +238,8 @@ type Redis struct {
 
 	owner ownerState // whether another replica owns the Redis (redis_owner.go)
 
+	leaseLoss leaseLoss // when this Redis's lease sets began (redis_leases.go)
+
 	est      *replicated  // the in-process counts and guess of unheard hits (redis_estimate.go); nil without Replica
 	estSwept atomic.Int64 // when est was last swept (store time, ns)
 

@@ -5,6 +5,9 @@ import (
 	_ "embed" // the Lua scripts
 	"fmt"
 	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -16,6 +19,140 @@ var leaseLua string
 
 //go:embed scripts/release.lua
 var releaseLua string
+
+// LeaseMarkerKey is the Redis key holding the time (µs, on the lease clock)
+// at which the server's lease sets began: set by the first PoP server that
+// finds it missing, and never changed after. Its hash tag puts it in
+// OwnerKey's Cluster slot, so that the claim (redis_owner.go) reads and sets
+// both in one script run.
+const LeaseMarkerKey = "el:leases:{el:replica}"
+
+// A Redis that restarts without persistence (or is flushed) loses every
+// lease held, and would then grant a limit's max again while the clients of
+// the lost leases are still in flight: twice the max. So the lease sets are
+// trusted only from LeaseMarkerKey's time on. When the marker is missing the
+// Redis lost its data; the first PoP server to see that sets it, to when the
+// leases were lost at the latest (leaseMarkerNow), and until a limit's
+// lease_ttl has passed since, a set of that limit counts as full: an
+// acquisition is denied, with Retry-After the end of that wait, since a lease
+// granted before the loss may be held until then. Releases work as always (a
+// lost lease's release answers unknown). A Redis whose data survived its
+// restart (AOF; or an RDB snapshot, which holds the marker, so the leases
+// granted after the snapshot are lost without a wait) kept the marker and
+// pays nothing; neither does a PoP server's restart. A brand-new Redis cannot
+// be told from an emptied one: the PoP that first uses it waits a lease_ttl
+// from the Redis's start.
+//
+// Why deny, not the limit's store-failure policy (fail open unless
+// fail_closed): Redis answers, and what it answers is that the set may be
+// full; failing open would admit every request without a lease for a whole
+// lease_ttl after each restart, far more than the max. Why each limit's own
+// lease_ttl, not the longest: a set only ever held leases of its own limit
+// (a reload that shortened a lease_ttl can leave a longer lease out, as it
+// can in a set itself). Why a marker of its own: OwnerKey exists only with a
+// replica name, and the claim re-creates it on the very connection that
+// meets an emptied Redis, leaving nothing to see; and INFO's run_id changes
+// on every restart, AOF or not, so it cannot tell lost leases from kept ones.
+//
+// Where the loss is met: the claim of OpenRedis, of every new connection and
+// of each Ping (every second) reads the marker and sets it when missing, and
+// on a standalone server lease.lua reads it (and sets it) in the very script
+// run that would grant, so no grant is made on an emptied server before its
+// marker is set, whichever PoP server gets there first and whatever its pool
+// held. In a Cluster the sets live on every node and the marker on one: only
+// the loss of the marker's node is seen (by a claim, within a second).
+
+// leaseLoss is what the store knows of LeaseMarkerKey.
+type leaseLoss struct {
+	seen    atomic.Bool   // born holds a value read from Redis
+	born    atomic.Int64  // the marker's value, µs
+	denials atomic.Uint64 // acquisitions denied while the marker's wait held
+}
+
+// noteLeaseMarker records the marker's value as a claim or lease.lua read
+// it.
+func (s *Redis) noteLeaseMarker(v string) {
+	if born, err := strconv.ParseInt(v, 10, 64); err == nil {
+		s.noteLeaseBorn(born)
+	}
+}
+
+func (s *Redis) noteLeaseBorn(born int64) {
+	s.leaseLoss.born.Store(born)
+	s.leaseLoss.seen.Store(true)
+}
+
+// LeaseLossDenials is how many acquisitions were denied because the Redis
+// had lost its leases less than the limit's lease_ttl before.
+func (s *Redis) LeaseLossDenials() uint64 { return s.leaseLoss.denials.Load() }
+
+// LeasesKnownSince returns when (on the store's local clock) the Redis's
+// lease sets began, as far as the store has read LeaseMarkerKey, and
+// whether it has: a limit's sets count as full until its lease_ttl has
+// passed since.
+func (s *Redis) LeasesKnownSince() (time.Time, bool) {
+	if !s.leaseLoss.seen.Load() {
+		return time.Time{}, false
+	}
+	ns := s.leaseLoss.born.Load() * 1000
+	if s.cfg.ClockSource == ClockRedis {
+		ns -= s.offset.Load()
+	}
+	return time.Unix(0, ns), true
+}
+
+// leaseMarkerNow is the value a claim on c sets LeaseMarkerKey to when it
+// is missing: when the leases were lost, at the latest. A store that has
+// read the marker before saw it go since (a restart or a flush while it
+// watched): now. A store that has not (it is starting) cannot know when the
+// marker went, but a restart lost it no later than the server's start, and
+// leases granted before then have expired once their lease_ttl has passed
+// since: the start, by INFO's uptime (a second early, for its rounding), or
+// now when INFO does not answer.
+func (s *Redis) leaseMarkerNow(ctx context.Context, c any) int64 {
+	now := s.leaseNow(s.cfg.Clock())
+	if s.leaseLoss.seen.Load() {
+		return now
+	}
+	info, ok := c.(interface {
+		Info(context.Context, ...string) *redis.StringCmd
+	})
+	if !ok {
+		return now
+	}
+	txt, err := info.Info(ctx, "server").Result()
+	if err != nil {
+		return now
+	}
+	for line := range strings.Lines(txt) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "uptime_in_seconds:"); ok {
+			if up, err := strconv.ParseInt(v, 10, 64); err == nil && up >= 0 {
+				return now - (up+1)*1_000_000
+			}
+		}
+	}
+	return now
+}
+
+// leaseWait writes the denial of every item that the marker's wait holds
+// full at us and reports whether there was one; the others are not asked.
+func (s *Redis) leaseWait(us int64, items []limit.SlotItem, out []limit.SlotDecision) bool {
+	if !s.leaseLoss.seen.Load() {
+		return false // lease.lua reads the marker (on a standalone server)
+	}
+	born := s.leaseLoss.born.Load()
+	waiting := false
+	for i := range items {
+		end := born + max(items[i].TTL/1000, 1)
+		if us < end {
+			out[i] = limit.DecideSlot(items[i], items[i].Max, end*1000, us*1000, false)
+			waiting = true
+		} else {
+			out[i] = limit.SlotDecision{Allowed: true, Remaining: items[i].Max} // not asked
+		}
+	}
+	return waiting
+}
 
 // leaseScript and releaseScript are called with EVALSHA, and EVAL when the
 // server answers NOSCRIPT (redis.Script.Run), as check.lua is.
@@ -58,6 +195,10 @@ func (s *Redis) AcquireAt(ctx context.Context, now int64, id limit.LeaseID, item
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	us := s.leaseNow(now)
+	if s.leaseWait(us, items, out) {
+		s.leaseLoss.denials.Add(1)
+		return false, nil
+	}
 	if !s.cluster {
 		return s.acquire(ctx, us, id, items, out)
 	}
@@ -84,9 +225,10 @@ func (s *Redis) AcquireAt(ctx context.Context, now int64, id limit.LeaseID, item
 	return true, nil
 }
 
-// acquire runs lease.lua over items, whose sets share a slot, at us.
+// acquire runs lease.lua over items, whose sets share a slot, at us. On a
+// standalone server the script also reads the lease marker (LeaseMarkerKey).
 func (s *Redis) acquire(ctx context.Context, us int64, id limit.LeaseID, items []limit.SlotItem, out []limit.SlotDecision) (bool, error) {
-	keys := make([]string, len(items))
+	keys := make([]string, len(items), len(items)+1)
 	args := make([]any, 2, 2+2*len(items))
 	args[0], args[1] = us, id.String()
 	var kb [64]byte
@@ -94,12 +236,23 @@ func (s *Redis) acquire(ctx context.Context, us int64, id limit.LeaseID, items [
 		keys[i] = string(appendLeaseKey(kb[:0], items[i].Key))
 		args = append(args, items[i].Max, max(items[i].TTL/1000, 1))
 	}
+	want := 1 + 2*len(items)
+	if !s.cluster {
+		keys = append(keys, LeaseMarkerKey)
+		want++
+	}
 	vals, err := leaseScript.Run(ctx, s.client, keys, args...).Int64Slice()
 	if err != nil {
 		return false, fmt.Errorf("store: redis lease of %d set(s): %w", len(items), err)
 	}
-	if len(vals) != 1+2*len(items) {
+	if len(vals) != want {
 		return false, fmt.Errorf("store: redis lease: script returned %d values for %d sets", len(vals), len(items))
+	}
+	if !s.cluster {
+		s.noteLeaseBorn(vals[want-1])
+	}
+	if vals[0] == 2 {
+		s.leaseLoss.denials.Add(1)
 	}
 	ok := vals[0] == 1
 	for i := range items {

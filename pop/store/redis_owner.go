@@ -46,13 +46,26 @@ const OwnerKey = "el:replica"
 // claimed by another replica.
 var ErrReplicaConflict = errors.New("redis is used by another PoP")
 
-// claimScript sets OwnerKey to ARGV[1] unless it is set, and returns its value.
+// claimScript sets OwnerKey (KEYS[1]) to ARGV[1] unless it is set (or
+// ARGV[1] is empty), and LeaseMarkerKey (KEYS[2]) to ARGV[2], the store's
+// lease clock in µs, unless it is set; it returns both values (the owner empty
+// when none). The lease marker rides on the claim because the claim runs
+// where a Redis that lost its data is first met — at open, on every new
+// connection, on every Ping — and re-creates OwnerKey there, which would
+// hide the loss from anything that looked at OwnerKey later
+// (redis_leases.go).
 var claimScript = redis.NewScript(`
+local born = redis.call('GET', KEYS[2])
+if not (born and tonumber(born)) then
+  born = ARGV[2]
+  redis.call('SET', KEYS[2], born)
+end
 local v = redis.call('GET', KEYS[1])
-if v then return v end
-if ARGV[1] == '' then return '' end
-redis.call('SET', KEYS[1], ARGV[1])
-return ARGV[1]`)
+if not v then
+  v = ARGV[1]
+  if v ~= '' then redis.call('SET', KEYS[1], v) end
+end
+return {v, born}`)
 
 // ownerState is the outcome of the store's last claim.
 type ownerState struct {
@@ -65,13 +78,18 @@ type ownerState struct {
 // error wrapping ErrReplicaConflict when it is another's, or the call's
 // error, which changes nothing recorded.
 func (s *Redis) claim(ctx context.Context, c redis.Scripter) error {
-	owner, err := claimScript.Run(ctx, c, []string{OwnerKey}, s.cfg.Replica).Text()
+	vals, err := claimScript.Run(ctx, c, []string{OwnerKey, LeaseMarkerKey}, s.cfg.Replica, s.leaseMarkerNow(ctx, c)).StringSlice()
+	if err == nil && len(vals) != 2 {
+		err = fmt.Errorf("script returned %d values, want 2", len(vals))
+	}
 	if err != nil {
 		if conflict := s.ownerConflict(); conflict != nil && errors.Is(err, ErrReplicaConflict) {
 			return conflict // a new connection's check (onConnect) found it; go-redis may keep only its sentinel
 		}
 		return fmt.Errorf("store: redis: checking the PoP marker %s: %w", OwnerKey, err)
 	}
+	owner := vals[0]
+	s.noteLeaseMarker(vals[1])
 	if owner == s.cfg.Replica {
 		s.owner.conflict.Store(nil)
 		return nil

@@ -297,9 +297,10 @@ func TestRedisReplicatedApplyIgnores(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	// The PoP marker (redis_owner.go) and the servers set (redis_servers.go) alone.
-	if n, err := srv.Do("DBSIZE"); err != nil || n != "2" {
-		t.Fatalf("DBSIZE %q (%v) after applying nothing live, want 2: the PoP marker and the servers set", n, err)
+	// The PoP marker (redis_owner.go), the lease marker (redis_leases.go)
+	// and the servers set (redis_servers.go) alone.
+	if n, err := srv.Do("DBSIZE"); err != nil || n != "3" {
+		t.Fatalf("DBSIZE %q (%v) after applying nothing live, want 3: the PoP and lease markers and the servers set", n, err)
 	}
 }
 

@@ -88,6 +88,15 @@ func Start(t testing.TB) *Server {
 	return start(t, nil)
 }
 
+// StartWithArgs is Start with extra redis-server arguments after the
+// defaults, which they override: "--appendonly", "yes" makes a server whose
+// data survives Kill and Restart (its files stay in its directory).
+func StartWithArgs(t testing.TB, args ...string) *Server {
+	t.Helper()
+	require(t, "redis-server")
+	return startOpts(t, append([]string{}, args...), "")
+}
+
 // StartWithPassword is Start with requirepass set to password: clients must
 // authenticate (AUTH password, or redis://:password@host in a URL).
 func StartWithPassword(t testing.TB, password string) *Server {
@@ -233,7 +242,7 @@ func (s *Server) launch() error {
 }
 
 // Kill stops the server with SIGKILL, as a crash would, and waits for it to
-// exit. Its data is gone: it ran without persistence.
+// exit. Its data is gone unless it was started with persistence (StartWithArgs).
 func (s *Server) Kill() {
 	s.mu.Lock()
 	cmd, done := s.cmd, s.done
