@@ -33,7 +33,9 @@ func (e *Engine) shadowAnswer(res *Result) {
 }
 
 // unmatched reports whether a descriptor of the request matched no limit
-// that counts (s.owner names none of its items) and is not unlimited.
+// that counts (s.owner names none of its items, nor s.dups one of its
+// occurrences: a repeated descriptor counts on its first occurrence's item)
+// and is not unlimited.
 func (s *scratch) unmatched(res *Result) bool {
 	for di := range res.Statuses {
 		if res.Statuses[di].Unlimited {
@@ -45,6 +47,9 @@ func (s *scratch) unmatched(res *Result) bool {
 				found = true
 				break
 			}
+		}
+		for _, o := range s.dups {
+			found = found || o.di == di
 		}
 		if !found {
 			return true

@@ -94,6 +94,13 @@ func TestQuotaModeEverywhere(t *testing.T) {
 	if err := e.CheckAt(ctx, t0, both, &res); err != nil || res.Code != OverLimit {
 		t.Fatalf("both over: %v %+v, want OVER_LIMIT", err, res)
 	}
+	// The same descriptor twice, both occurrences over: the second is no
+	// descriptor that matched nothing, so the request is over, as the peer
+	// answers it.
+	twice := req(1, []string{"q", "a"}, []string{"q", "a"})
+	if err := e.CheckAt(ctx, t0, twice, &res); err != nil || res.Code != OverLimit {
+		t.Fatalf("the same descriptor twice, over: %v %+v, want OVER_LIMIT", err, res)
+	}
 	// A shadow limit is never over: its descriptor keeps the request within
 	// its quotas, as the peer answers a shadow descriptor OK.
 	shadow := req(1, []string{"s", "a"})
@@ -212,4 +219,58 @@ func TestOverrideAlgorithm(t *testing.T) {
 			}
 		})
 	}
+}
+
+// With denied hits counted (SetCountDenied, on with --envoy-compat), the
+// descriptors a request names after the one that denies it count their hits
+// too, as Envoy's ratelimit counts every descriptor's: when they count other
+// hits than the denying one (a descriptor's own hits_addend) and when a key
+// named twice makes them count other hits (the peer's f2fb157 answers b's
+// remaining 7 after the second request below, and 6 after the third).
+func TestCountDeniedAfterTheDenial(t *testing.T) {
+	const text = `domain: api
+descriptors:
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 10}
+`
+	ctx := context.Background()
+	hits := func(n int64) *int64 { return &n }
+	remaining := func(t *testing.T, e *Engine, key string) int64 {
+		t.Helper()
+		var res Result
+		if err := e.CheckAt(ctx, t0, req(1, []string{key, "x"}), &res); err != nil || res.Code != OK {
+			t.Fatalf("%s: %v %+v", key, err, res)
+		}
+		return res.Statuses[0].Remaining
+	}
+	t.Run("own hits", func(t *testing.T) {
+		e := profileEngine(t, rules.Options{}, text, nil)
+		e.SetCountDenied(true)
+		r := req(1, []string{"a", "x"}, []string{"b", "x"})
+		r.Descriptors[0].HitsAddend, r.Descriptors[1].HitsAddend = hits(6), hits(2)
+		var res Result
+		if err := e.CheckAt(ctx, t0, r, &res); err != nil || res.Code != OverLimit || res.Statuses[1].Remaining != 8 {
+			t.Fatalf("a over, b after it: %v %+v, want OVER_LIMIT and b's remaining 8", err, res)
+		}
+		if got := remaining(t, e, "b"); got != 7 {
+			t.Errorf("b's remaining after 2+1 hits = %d, want 7", got)
+		}
+	})
+	t.Run("a key twice", func(t *testing.T) {
+		e := profileEngine(t, rules.Options{}, text, nil)
+		e.SetCountDenied(true)
+		three := func(h int64) *Request { return req(h, []string{"a", "x"}, []string{"b", "x"}, []string{"a", "x"}) }
+		var res Result
+		if err := e.CheckAt(ctx, t0, three(1), &res); err != nil || res.Code != OK {
+			t.Fatalf("1st: %v %+v", err, res)
+		}
+		if err := e.CheckAt(ctx, t0, three(2), &res); err != nil || res.Code != OverLimit || res.Statuses[1].Remaining != 7 {
+			t.Fatalf("2nd, a's second occurrence over: %v %+v, want OVER_LIMIT and b's remaining 7", err, res)
+		}
+		if got := remaining(t, e, "b"); got != 6 {
+			t.Errorf("b's remaining after 1+2+1 hits = %d, want 6", got)
+		}
+	})
 }
