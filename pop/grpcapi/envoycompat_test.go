@@ -12,6 +12,7 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -102,6 +103,15 @@ func TestEnvoyCompatGRPC(t *testing.T) {
 	}
 	if got := resp.GetDynamicMetadata().AsMap()["metadata"]; !reflect.DeepEqual(got, map[string]any{"name": "service_1"}) {
 		t.Errorf("2nd: metadata %v, want key1's alone", got)
+	}
+
+	// A descriptor with its own limit (an override) brings no metadata: the
+	// peer's override is a limit of its own, without the rule's metadata.
+	d2 := desc("key1", "value1", "subkey1", "c")
+	d2.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 9, Unit: typev3.RateLimitUnit_HOUR}
+	resp = check(t, f, &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{d2}})
+	if got, ok := resp.GetDynamicMetadata().AsMap()["metadata"]; resp.OverallCode != rlsv3.RateLimitResponse_OK || ok {
+		t.Errorf("override: %v, metadata %v; want OK and no metadata", resp.OverallCode, got)
 	}
 
 	// Without the settings: InvalidArgument, edgelimit's fields, no metadata.

@@ -18,8 +18,9 @@ import (
 //	             descriptors not over them, merged in descriptor order: a key
 //	             already present keeps its value, two objects merge
 //
-// A descriptor that matched an unlimited limit contributes no metadata, as in
-// the peer. It allocates: it is built only when Config.DynamicMetadata is on.
+// A descriptor that matched an unlimited limit contributes no metadata, nor
+// one with a limit override (the peer's override is a limit of its own,
+// without the rule's metadata), as in the peer. It allocates: it is built only when Config.DynamicMetadata is on.
 func dynamicMetadata(in *rlsv3.RateLimitRequest, res *pop.Result) *structpb.Struct {
 	fields := map[string]*structpb.Value{"domain": structpb.NewStringValue(in.GetDomain())}
 	ds := make([]*structpb.Value, 0, len(in.GetDescriptors()))
@@ -48,6 +49,9 @@ func dynamicMetadata(in *rlsv3.RateLimitRequest, res *pop.Result) *structpb.Stru
 	for i := range res.Statuses {
 		st := &res.Statuses[i]
 		if st.Unlimited || st.Code == pop.OverLimit || st.Limit == nil || len(st.Limit.Metadata) == 0 {
+			continue
+		}
+		if i < len(in.GetDescriptors()) && in.GetDescriptors()[i].GetLimit() != nil {
 			continue
 		}
 		// The rules' metadata holds JSON-like values only (rules.Limit),
