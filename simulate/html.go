@@ -665,7 +665,7 @@ var htmlPageTemplate = template.Must(template.New("report").Parse(`<!DOCTYPE htm
 <meta name="viewport" content="width=device-width, initial-scale=1"/>
 <title>edgelimit sim: {{.Scenario}}</title>
 <style>
-body { font: 15px/1.45 system-ui, sans-serif; color: #222; margin: 2em auto; max-width: 62em; padding: 0 1em; }
+body { font: 15px/1.45 system-ui, sans-serif; color: #222; margin: 2em auto; max-width: 64em; padding: 0 1em; }
 h1 { font-size: 1.5em; margin-bottom: 0.2em; }
 h2 { font-size: 1.15em; margin-top: 2em; }
 .facts { color: #555; margin-top: 0; }
@@ -685,7 +685,7 @@ svg .legend { font-size: 12px; fill: #222; }
 svg polyline { fill: none; stroke-width: 1.5; stroke-linejoin: round; stroke-opacity: 0.85; }
 .wide { overflow-x: auto; max-width: 100%; }
 table.results { border-collapse: collapse; font-size: 13px; margin: 1em 0 0.4em; font-variant-numeric: tabular-nums; }
-table.results th, table.results td { padding: 0.25em 0.55em; text-align: right; border-bottom: 1px solid #ddd; white-space: nowrap; }
+table.results th, table.results td { padding: 0.25em 0.35em; text-align: right; border-bottom: 1px solid #ddd; white-space: nowrap; }
 table.results thead th { border-bottom: 2px solid #444; }
 table.results thead th:first-child, table.results tbody th { text-align: left; }
 table.results tbody th { font-weight: normal; }
