@@ -193,6 +193,10 @@ type Result struct {
 	// Lease, when the request was admitted holding concurrency slots
 	// (CheckLeaseAt), is the token that releases them; else "".
 	Lease string
+	// await, for a request only bounded limits denied while allowance for
+	// them may be on its way, is closed when deciding it again may admit
+	// it (UseAllowanceWait); else nil.
+	await <-chan struct{}
 }
 
 // Engine decides checks: it matches a request's descriptors to limits in the
@@ -228,6 +232,32 @@ type Engine struct {
 	overrideAlg atomic.Uint32
 	clock       atomic.Int64 // correction of the wall clock, ns (SetClockOffset)
 	scratch     sync.Pool
+	// waiter and awaitMax: how a request bounded limits denied waits for
+	// allowance (UseAllowanceWait); nil or 0: it does not.
+	waiter   AllowanceWaiter
+	awaitMax time.Duration
+}
+
+// AllowanceWaiter is the store's side of waiting for bounded allowance
+// (store.Memory.AwaitAllowance): for a check of hits that the bounded item
+// it denied at now, a channel closed once deciding it again may admit it,
+// or nil when no allowance for it is on its way.
+type AllowanceWaiter interface {
+	AwaitAllowance(it *limit.Item, now, hits int64) <-chan struct{}
+}
+
+// UseAllowanceWait makes a request that only bounded limits deny wait up
+// to max for allowance another PoP is about to give this one, and be
+// decided again when it arrives: a bounded limit starts each PoP with a
+// share of the limit and moves unused allowance to where the demand is,
+// which takes about a round trip between PoPs, and a client faster than
+// that would be denied meanwhile while within its limit. The wait happens
+// only while w says a give may come (another PoP holds allowance it does not
+// need); a client over its limit is denied at once. Only the final decision
+// is reported in the metrics. Call it before serving; the simulator does
+// not (its checks cannot wait), so its bounded figures are without waits.
+func (e *Engine) UseAllowanceWait(w AllowanceWaiter, max time.Duration) {
+	e.waiter, e.awaitMax = w, max
 }
 
 // SetClockOffset makes Check decide at the wall clock plus d: the correction
@@ -347,15 +377,49 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 
 // check is CheckAt, with the request's concurrency limits when leases.
 func (e *Engine) check(ctx context.Context, now time.Time, req *Request, res *Result, leases bool) error {
-	err := e.decideRequest(ctx, now, req, res, leases)
+	err := e.decideRequest(ctx, now, req, res, leases, e.awaitMax > 0)
+	if err == nil && res.await != nil {
+		err = e.awaitAllowance(ctx, now, req, res, leases)
+	}
 	if err == nil && res.Code == OverLimit && e.shadow.Load() {
 		e.shadowAnswer(res)
 	}
 	return err
 }
 
-// decideRequest is check before shadow mode.
-func (e *Engine) decideRequest(ctx context.Context, now time.Time, req *Request, res *Result, leases bool) error {
+// awaitAllowance decides req again each time res.await says allowance
+// may have arrived, until it is admitted, nothing more is on its way, or
+// awaitMax has passed since now, when it decides it a last time. The retries
+// decide at now plus the time waited.
+func (e *Engine) awaitAllowance(ctx context.Context, now time.Time, req *Request, res *Result, leases bool) error {
+	begun := time.Now()
+	e.metrics.waitBegins()
+	timer := time.NewTimer(e.awaitMax)
+	defer timer.Stop()
+	for res.await != nil {
+		last := false
+		select {
+		case <-res.await:
+		case <-timer.C:
+			last = true
+		case <-ctx.Done():
+			last = true
+		}
+		if err := e.decideRequest(ctx, now.Add(time.Since(begun)), req, res, leases, !last); err != nil {
+			e.metrics.allowanceWait(time.Since(begun), false)
+			return err
+		}
+	}
+	e.metrics.allowanceWait(time.Since(begun), res.Code == OK)
+	return nil
+}
+
+// decideRequest is check before shadow mode. With mayWait, a request only
+// bounded limits deny, while allowance for them may be on its way, gets
+// res.await and is not reported in the metrics: awaitAllowance decides it
+// again.
+func (e *Engine) decideRequest(ctx context.Context, now time.Time, req *Request, res *Result, leases, mayWait bool) error {
+	res.await = nil
 	if err := req.Validate(); err != nil {
 		return err
 	}
@@ -490,6 +554,9 @@ func (e *Engine) decideRequest(ctx context.Context, now time.Time, req *Request,
 	e.settleSlots(ctx, s, res, admitted, nowNs)
 	if !admitted {
 		res.Code = OverLimit
+		if mayWait && e.waiter != nil && slotsOK {
+			res.await = e.awaitFor(s, nowNs)
+		}
 		// No bits while the region is cut off: a key over its reduced share
 		// is not over the limit once the link heals, and a bit would outlive
 		// the partition everywhere it travels.
@@ -497,18 +564,19 @@ func (e *Engine) decideRequest(ctx context.Context, now time.Time, req *Request,
 			e.issue(s, nowNs)
 		}
 	}
+	final := res.await == nil // a request that waits is decided again, and reported then
 	for i, l := range s.limits {
 		d := s.out[i]
-		if !d.Allowed && !l.Shadow && e.top != nil {
+		if !d.Allowed && !l.Shadow && e.top != nil && final {
 			e.top.Add(s.key(i), 1)
 		}
 		if len(s.dups) == 0 || !s.repeated(i) {
-			e.report(&res.Statuses[s.owner[i]], l, d, s.hits[i] > 0, admitted)
+			e.report(&res.Statuses[s.owner[i]], l, d, final && s.hits[i] > 0, admitted)
 			continue
 		}
 		for _, o := range s.dups {
 			if o.item == i {
-				e.report(&res.Statuses[o.di], l, s.occurrenceDecision(i, o, admitted), o.hits > 0 && s.hits[i] > 0, admitted)
+				e.report(&res.Statuses[o.di], l, s.occurrenceDecision(i, o, admitted), final && o.hits > 0 && s.hits[i] > 0, admitted)
 			}
 		}
 	}
@@ -522,6 +590,31 @@ func (e *Engine) decideRequest(ctx context.Context, now time.Time, req *Request,
 		}
 	}
 	return nil
+}
+
+// awaitFor is the channel a denied request waits on for bounded allowance
+// (UseAllowanceWait), or nil when waiting brings nothing: when a limit that
+// is not bounded denied it too, or a bounded one that denied it has no
+// allowance on its way.
+func (e *Engine) awaitFor(s *scratch, nowNs int64) <-chan struct{} {
+	var ch <-chan struct{}
+	for i := range s.items {
+		it := &s.items[i]
+		if s.out[i].Allowed || it.Shadow {
+			continue
+		}
+		if it.Consistency != limit.Bounded || s.hits[i] <= 0 {
+			return nil
+		}
+		c := e.waiter.AwaitAllowance(it, nowNs, s.hits[i])
+		if c == nil {
+			return nil
+		}
+		if ch == nil {
+			ch = c
+		}
+	}
+	return ch
 }
 
 // report makes decision d of limit l part of st, its descriptor's status, and

@@ -23,6 +23,8 @@ type Metrics struct {
 	reloadFailing  prometheus.Gauge
 	badRequests    *prometheus.CounterVec
 	shadowed       prometheus.Counter
+	allowanceWaits *prometheus.HistogramVec
+	waiting        prometheus.Gauge
 	// observers holds latency's child per API, resolved once: a label lookup
 	// per request costs more than the observation.
 	observers map[string]prometheus.Observer
@@ -87,7 +89,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "edgelimit_shadow_mode_answers_total",
 		Help: "Requests a limit denied that were answered OK because the PoP runs in shadow mode (--shadow-mode, Envoy's ratelimit's SHADOW_MODE).",
 	})
-	reg.MustRegister(m.decisions, m.unknownDomains, m.storeErrors, m.latency, m.reloads, m.rulesLoaded, m.reloadFailing, m.badRequests, m.shadowed)
+	m.allowanceWaits = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "edgelimit_bounded_wait_seconds",
+		Help:    "Time checks that bounded limits denied waited for allowance another PoP was giving this one (--bounded-wait), by how the wait ended: admitted, or denied (nothing more on its way, or the wait's bound).",
+		Buckets: []float64{1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1},
+	}, []string{"outcome"})
+	m.waiting = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "edgelimit_bounded_waiting_checks",
+		Help: "Checks waiting now for bounded allowance another PoP is giving this one (--bounded-wait).",
+	})
+	reg.MustRegister(m.allowanceWaits, m.waiting, m.decisions, m.unknownDomains, m.storeErrors, m.latency, m.reloads, m.rulesLoaded, m.reloadFailing, m.badRequests, m.shadowed)
 	// Both results exist from the start at 0, so that the first failed reload
 	// is an increase from 0 that increase() and rate() see, not the birth of
 	// a series they ignore.
@@ -197,6 +208,25 @@ func (m *Metrics) mitigatedDecision(l *rules.Limit) {
 			c.mitigated.Inc()
 		}
 	}
+}
+
+// waitBegins and allowanceWait bracket a check's wait for bounded allowance.
+func (m *Metrics) waitBegins() {
+	if m != nil {
+		m.waiting.Inc()
+	}
+}
+
+func (m *Metrics) allowanceWait(d time.Duration, admitted bool) {
+	if m == nil {
+		return
+	}
+	outcome := "denied"
+	if admitted {
+		outcome = "admitted"
+	}
+	m.waiting.Dec()
+	m.allowanceWaits.WithLabelValues(outcome).Observe(d.Seconds())
 }
 
 func (m *Metrics) shadowAnswer() {

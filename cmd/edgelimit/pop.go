@@ -115,6 +115,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&cfg.Extrapolate, "extrapolate", true, "count, in a region or global limit, the hits other PoPs have probably admitted since their last message (their recent rate × its age); false decides on what was heard only")
 	fs.BoolVar(&repl.clockSync, "clock-sync", true, "agree on a clock with the other PoPs (the median of theirs, measured from the presence beacons) and decide on it, so every PoP starts a window at the same instant; false keeps the wall clock")
 	fs.DurationVar(&repl.maxClockStep, "max-clock-step", 2*time.Second, "with --clock-sync, the largest correction of the wall clock; offsets past it are ignored")
+	fs.DurationVar(&cfg.BoundedWait, "bounded-wait", node.DefaultBoundedWait, "how long a check that a consistency: bounded limit denied waits for allowance another PoP is giving this one,\nand is then decided again (only while another PoP holds allowance it does not need: a client over its limit\nis denied at once); about a round trip between your farthest regions plus two --urgent-interval. 0: never wait")
 	fs.Float64Var(&repl.partitionShare, "partition-share", 0, "share of a global limit each reachable region enforces while others are cut off (0: reachable regions / all regions)")
 	fs.StringVar(&repl.natsURL, "nats", "", "NATS `URL` of the region's servers; empty runs an embedded NATS server with JetStream under --data")
 	fs.StringVar(&repl.natsUser, "nats-user", "", "NATS user name")
@@ -181,6 +182,9 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--grpc-max-conns must be > 0, got %d", cfg.GRPCMaxConns)
 	case cfg.ClientIPHeader == "" || strings.ContainsAny(cfg.ClientIPHeader, " :\t\r\n"):
 		return fmt.Errorf("--client-ip-header must be a header name, got %q", cfg.ClientIPHeader)
+	}
+	if cfg.BoundedWait < 0 {
+		return fmt.Errorf("--bounded-wait must be >= 0, got %v", cfg.BoundedWait)
 	}
 	cfg.GRPCMaxStreams = uint32(grpcMaxStreams)
 	cfg.MaxBodyMemory = int64(bodyMemoryMiB) << 20

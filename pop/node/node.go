@@ -33,6 +33,13 @@ import (
 )
 
 // Config is a PoP's configuration.
+// DefaultBoundedWait is Config.BoundedWait's default: a give crosses from
+// another PoP after this PoP's demand reaches it and its answer comes back —
+// a round trip between regions (up to about 300 ms between the farthest
+// continents) and two urgent publications (10 ms each) — so a wait of this
+// length lets most gives arrive, and bounds what a denied client waits.
+const DefaultBoundedWait = 250 * time.Millisecond
+
 type Config struct {
 	// Listen is the HTTP API's address.
 	Listen string
@@ -55,6 +62,10 @@ type Config struct {
 	// MergeDomains lets several rule files define one domain, their
 	// descriptors joined (rules.Options.MergeDomains).
 	MergeDomains bool
+	// BoundedWait is how long a check that bounded limits denied waits for
+	// allowance on its way to this PoP (pop.Engine.UseAllowanceWait); 0:
+	// it does not wait. Negative is an error.
+	BoundedWait time.Duration
 	// CountDeniedHits makes pop-scope limits count denied hits, as Envoy's
 	// ratelimit does (pop.Engine.SetCountDenied).
 	CountDeniedHits bool
@@ -342,6 +353,9 @@ func Run(ctx context.Context, cfg Config) error {
 	eng := pop.NewEngine(st, set, metrics)
 	if strongStore != nil {
 		strongStore.UseGlobalShare(eng.GlobalShare) // a home decides at the share its engine holds
+	}
+	if cfg.BoundedWait > 0 && mem != nil {
+		eng.UseAllowanceWait(mem, cfg.BoundedWait)
 	}
 	eng.SetCountDenied(cfg.CountDeniedHits)
 	eng.SetQuotaMode(cfg.QuotaMode)

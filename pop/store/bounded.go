@@ -44,6 +44,31 @@ import (
 type bounded struct {
 	region, global *escrow.Ledger
 	refused        uint64 // received items a ledger refused (malformed, unknown replica)
+	// arrived, when a check waits for allowance (awaits), is closed when
+	// the next escrow counters or news are applied: gives, or a watermark
+	// that shrinks P̂, may have made room.
+	arrived chan struct{}
+}
+
+// closed is a channel closed from the start: room is there already.
+var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// awaits returns a channel that is closed when waiting may let hits of the
+// denied bounded item it be admitted — at once when there is room already —
+// or nil when waiting brings nothing: no other PoP holds allowance it does
+// not need (escrow.Ledger.Awaits).
+func (b *bounded) awaits(it *limit.Item, now, hits int64) <-chan struct{} {
+	l, key, sp := b.ledger(it.Scope), borrowKey(it), escrowSpec(&it.Spec)
+	if _, room := l.Decide(now, key, sp, 0); room >= hits && hits > 0 {
+		return closed
+	}
+	if !l.Awaits(now, key, sp, hits) {
+		return nil
+	}
+	if b.arrived == nil {
+		b.arrived = make(chan struct{})
+	}
+	return b.arrived
 }
 
 // newBounded returns the ledgers of replica self, whose region's other PoPs
@@ -207,6 +232,10 @@ func (b *bounded) apply(slots []crdt.Slot, sent int64) (rest []crdt.Slot, wanted
 	}
 	join(b.region, region)
 	join(b.global, global)
+	if b.arrived != nil {
+		close(b.arrived)
+		b.arrived = nil
+	}
 	// Both: each call also clears its ledger's signal.
 	wr, wg := b.region.Wanted(), b.global.Wanted()
 	wanted = wr || wg

@@ -406,6 +406,25 @@ func (s *Memory) admitted() {
 // bytes on the wire on the 270,000-key mix (docs/accuracy-log.md).
 func (s *Memory) Urgent() <-chan struct{} { return s.urgent }
 
+// AwaitAllowance is for a check that a bounded item denied at now, asking
+// for hits: it returns a channel that is closed once deciding it again may
+// admit it — gives from another PoP, or news that makes room, were applied;
+// closed already when there is room now — or nil when no other PoP holds
+// allowance of the key it does not need, so that waiting brings nothing. A
+// caller waits on it for a bounded time (pop.Engine.UseAllowanceWait), then
+// decides the check again.
+func (s *Memory) AwaitAllowance(it *limit.Item, now, hits int64) <-chan struct{} {
+	if !isBounded(it) || s.rep == nil {
+		return nil
+	}
+	s.rep.mu.Lock()
+	defer s.rep.mu.Unlock()
+	if s.rep.esc == nil {
+		return nil
+	}
+	return s.rep.esc.awaits(it, now, hits)
+}
+
 // replicates reports whether s counts it across PoPs.
 func (s *Memory) replicates(it *limit.Item) bool {
 	return s.rep != nil && it.Scope != limit.ScopePOP && it.Spec.Algorithm.Replicable()

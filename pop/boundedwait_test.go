@@ -1,0 +1,176 @@
+package pop
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/crdt"
+	"github.com/edgelimit/edgelimit/pop/rules"
+	"github.com/edgelimit/edgelimit/pop/store"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// boundedPair returns two replicating stores of one region, each with its
+// engine over a global limit of 10 per hour with consistency bounded; the
+// first engine waits for allowance (UseAllowanceWait) and reports to reg.
+func boundedPair(t *testing.T, reg prometheus.Registerer) (engines [2]*Engine, stores [2]*store.Memory) {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "r.yaml")
+	file := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10, scope: global, consistency: bounded}\n"
+	if err := os.WriteFile(p, []byte(file), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	set, _, err := rules.Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"a", "b"}
+	for i := range stores {
+		stores[i] = store.NewMemory(store.MemoryConfig{Replica: names[i], RegionPeers: names, Replicas: names})
+		engines[i] = NewEngine(stores[i], set, nil)
+	}
+	engines[0] = NewEngine(stores[0], set, NewMetrics(reg))
+	engines[0].UseAllowanceWait(stores[0], time.Minute)
+	return engines, stores
+}
+
+// exchange delivers what take says of each store at now to the other.
+func exchange(now int64, take func(*store.Memory, int64) []crdt.Slot, st [2]*store.Memory) {
+	a, b := take(st[0], now), take(st[1], now)
+	st[1].ApplyAt(now, now, a)
+	st[0].ApplyAt(now, now, b)
+}
+
+// denied is edgelimit_decisions_total{outcome="denied"} in reg.
+func denied(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "edgelimit_decisions_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() == "denied" {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+func waits(t *testing.T, reg *prometheus.Registry, outcome string) int {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "edgelimit_bounded_wait_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() == outcome {
+					return int(m.GetHistogram().GetSampleCount())
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// A check that a bounded limit denies while another PoP holds allowance it
+// does not need waits for that PoP's give and is admitted when it arrives;
+// a check over the limit itself is denied without waiting.
+func TestBoundedCheckWaitsForAllowance(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	eng, st := boundedPair(t, reg)
+	now := t0.Add(10 * time.Second)
+	exchange(now.UnixNano(), (*store.Memory).OwnAt, st) // each has heard the other
+	// From here on, nothing is exchanged until the test says so.
+	r := req(1, []string{"k", "client"})
+	r.Domain = "d"
+	var res Result
+	for i := range 5 { // a's half of the limit
+		if err := eng[0].CheckAt(context.Background(), now, r, &res); err != nil || res.Code != OK {
+			t.Fatalf("check %d at a: %v, %v; want OK within a's half", i+1, res.Code, err)
+		}
+	}
+
+	// The sixth waits: b holds five it does not need, and gives them once it
+	// hears a's demand.
+	done := make(chan Code, 1)
+	go func() {
+		var res Result
+		if err := eng[0].CheckAt(context.Background(), now, r, &res); err != nil {
+			t.Error(err)
+		}
+		done <- res.Code
+	}()
+	// Only once it waits does the exchange begin: b, which has no demand of
+	// its own, would otherwise give a its half before the check is made.
+	for gauge(t, reg, "edgelimit_bounded_waiting_checks") != 1 {
+		select {
+		case c := <-done:
+			t.Fatalf("the sixth check was decided (%v) without waiting", c)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	var got Code
+	for round := 1; ; round++ {
+		at := now.Add(time.Duration(round) * 10 * time.Millisecond).UnixNano()
+		exchange(at, (*store.Memory).DeltaAt, st) // a's demand out, b's gives back
+		select {
+		case got = <-done:
+		case <-time.After(10 * time.Millisecond):
+			if round > 3000 {
+				t.Fatal("the waiting check was not decided within 30 s of exchanges")
+			}
+			continue
+		}
+		break
+	}
+	if got != OK {
+		t.Fatalf("the check that waited for b's give got %v, want OK", got)
+	}
+	if n := waits(t, reg, "admitted"); n != 1 {
+		t.Fatalf("edgelimit_bounded_wait_seconds{outcome=admitted} counted %d waits, want 1", n)
+	}
+
+	// b gave a all it held (it had no demand): a spends the rest of the
+	// limit, and then denies at once, since nothing is on its way.
+	later := now.Add(time.Minute)
+	exchange(later.UnixNano(), (*store.Memory).OwnAt, st)
+	admitted := 6
+	for {
+		start := time.Now()
+		if err := eng[0].CheckAt(context.Background(), later, r, &res); err != nil {
+			t.Fatal(err)
+		}
+		if res.Code != OK {
+			if n := waits(t, reg, "admitted") + waits(t, reg, "denied"); n != 1 {
+				t.Fatalf("a check over the limit everywhere waited (%d waits recorded, took %v)", n-1, time.Since(start))
+			}
+			break
+		}
+		if admitted++; admitted > 10 {
+			t.Fatalf("a admitted %d of a limit of 10", admitted)
+		}
+	}
+	if admitted != 10 {
+		t.Fatalf("a admitted %d before denying, want the whole limit of 10", admitted)
+	}
+	// Only the final decision of the check that waited is in the
+	// decisions: 6 allowed and 1 denied at a.
+	if d := denied(t, reg); d != 1 {
+		t.Fatalf("a's denied decisions %v, want 1 (the wait's first denial is not a decision)", d)
+	}
+}
