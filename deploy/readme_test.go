@@ -172,3 +172,56 @@ func TestREADMEIsShort(t *testing.T) {
 		t.Errorf("README.md has %d lines; keep it at most 300 and move reference material to docs/", n)
 	}
 }
+
+// TestDocsPurposeLine: every page of docs/ opens with its title and then one
+// paragraph saying what the page is for, before any section, so a reader
+// knows from its top whether to read on.
+func TestDocsPurposeLine(t *testing.T) {
+	for _, file := range docFiles(t) {
+		if !strings.HasPrefix(file, "docs/") {
+			continue
+		}
+		lines := strings.Split(readRepoFile(t, file), "\n")
+		if len(lines) < 3 || !strings.HasPrefix(lines[0], "# ") || strings.TrimSpace(lines[1]) != "" ||
+			strings.TrimSpace(lines[2]) == "" || strings.HasPrefix(lines[2], "#") || strings.HasPrefix(lines[2], "```") ||
+			strings.HasPrefix(lines[2], "|") {
+			t.Errorf("%s does not open with '# title', a blank line and a sentence saying what the page is for", file)
+		}
+	}
+}
+
+// historyPending are pages another change is rewriting now, whose lines of
+// development history that change removes; the test names them and their
+// lines in its log until then. Empty it when they are clean.
+var historyPending = map[string]bool{"docs/envoy-parity.md": true}
+
+// TestDocsNoHistory: the documents describe edgelimit as it is, not how it
+// came to be: no issue or pull-request numbers, commit hashes, work sessions
+// or work logs (the git history keeps those).
+func TestDocsNoHistory(t *testing.T) {
+	history := []*regexp.Regexp{
+		regexp.MustCompile(`(?i)\b(issue|pull request|PR)s? #?\d+`),
+		regexp.MustCompile(`(?:^|[\s(])#\d{1,5}\b`),
+		regexp.MustCompile(`(?i)\bwork[- ]?logs?\b`),
+		regexp.MustCompile(`(?i)\bsessions?\b`),
+		regexp.MustCompile(`(?i)\bcommit [0-9a-f]{7,40}\b`),
+		regexp.MustCompile(`\b[0-9a-f]*(?:[0-9][a-f]|[a-f][0-9])[0-9a-f]*\b`), // hex words, filtered to 7–40 below
+	}
+	files := append(docFiles(t), "deploy/lab/README.md", "deploy/soak/README.md")
+	for _, file := range files {
+		for n, line := range strings.Split(readRepoFile(t, file), "\n") {
+			for _, re := range history {
+				for _, m := range re.FindAllString(line, -1) {
+					if re == history[len(history)-1] && (len(m) < 7 || len(m) > 40) {
+						continue
+					}
+					if historyPending[file] {
+						t.Logf("%s:%d: %q is development history (pending another change to the page)", file, n+1, m)
+						continue
+					}
+					t.Errorf("%s:%d: %q is development history; the git history keeps it", file, n+1, m)
+				}
+			}
+		}
+	}
+}
