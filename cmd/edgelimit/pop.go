@@ -29,11 +29,12 @@ const popUsage = `Usage: edgelimit pop [flags]
 Runs a point of presence: it answers rate limit checks over HTTP
 (POST /v1/check, POST /v1/check/batch, POST /json as Envoy's ratelimit serves it,
 /v1/authz for proxies' forward auth, POST /v1/release for the leases of
-concurrency limits, GET /healthz, /readyz, /metrics), deciding on a counter
-store and the rules in --rules, which it reloads when they change. Concurrency
-leases live in the same store: this process when embedded, the shared Redis
-with --store redis://…. Tenants' tiers
-and per-key overrides come from --quotas and are managed on --admin-listen.
+concurrency limits), deciding on a counter store and the rules in --rules,
+which it reloads when they change, and serves GET / (its status page, for a
+browser), /healthz, /readyz and /metrics. Concurrency leases live in the same
+store: this process when embedded, the shared Redis with --store redis://….
+Tenants' tiers and per-key overrides come from --quotas and are managed on
+--admin-listen.
 
 Every flag can also be set by the environment variable EDGELIMIT_<FLAG>
 (upper case, '-' as '_', e.g. EDGELIMIT_LISTEN) or by a YAML file given with
