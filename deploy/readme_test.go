@@ -225,3 +225,27 @@ func TestDocsNoHistory(t *testing.T) {
 		}
 	}
 }
+
+// TestREADMEContents: the README's table of contents, and every other link
+// of it to one of its own sections, lands on a heading (GitHub's anchor:
+// lower case, punctuation dropped, spaces as dashes).
+func TestREADMEContents(t *testing.T) {
+	text := readRepoFile(t, "README.md")
+	anchors := map[string]bool{}
+	for _, line := range strings.Split(text, "\n") {
+		if h, ok := strings.CutPrefix(line, "## "); ok {
+			a := strings.ToLower(strings.ReplaceAll(h, "`", ""))
+			a = regexp.MustCompile(`[^a-z0-9 _-]`).ReplaceAllString(a, "")
+			anchors[strings.ReplaceAll(a, " ", "-")] = true
+		}
+	}
+	links := regexp.MustCompile(`\]\(#([^)]+)\)`).FindAllStringSubmatch(text, -1)
+	if len(links) < len(anchors) {
+		t.Errorf("the README links %d of its own sections, and has %d: its table of contents should name each", len(links), len(anchors))
+	}
+	for _, m := range links {
+		if !anchors[m[1]] {
+			t.Errorf("README.md links to #%s, which no section heading makes", m[1])
+		}
+	}
+}
