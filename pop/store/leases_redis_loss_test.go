@@ -214,3 +214,33 @@ func TestRedisLeasesSurvivePersistentRestart(t *testing.T) {
 		t.Fatalf("the slot freed by the release was not granted at once: %+v", d)
 	}
 }
+
+// In a Cluster the marker is checked by the claim (here the Ping's): once it
+// has seen the marker gone, the store refuses grants for the TTL itself.
+func TestRedisClusterLeasesWaitAfterMarkerLost(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	clk := newLossClock()
+	s := openTestRedis(t, nodes[0].Addr+","+nodes[1].Addr+","+nodes[2].Addr, RedisConfig{ClockSource: ClockLocal, Clock: clk.now})
+	leasesKnown(t, s)
+	holdAll(t, s, clk.now(), 1)
+	// The marker's node and the set's lost their data (as restarts without
+	// persistence would).
+	for _, k := range []string{LeaseMarkerKey, string(appendLeaseKey(nil, lossItems()[0].Key))} {
+		if err := s.client.Del(context.Background(), k).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lost := clk.advance(time.Second)
+	if err := s.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if ok, d := acquireAnswered(t, s, lost, 10); ok || d.RetryAfter != int64(lossTTL) {
+		t.Fatalf("after the marker's loss: admitted %v, %+v; want refused for the TTL", ok, d)
+	}
+	if ok, _ := acquireAnswered(t, s, lost+int64(lossTTL)-1000, 11); ok {
+		t.Fatal("granted before the TTL had passed since the loss")
+	}
+	if ok, d := acquireAnswered(t, s, lost+int64(lossTTL), 12); !ok {
+		t.Fatalf("refused once the TTL had passed: %+v", d)
+	}
+}
