@@ -66,7 +66,7 @@ func TestSystemdUnit(t *testing.T) {
 
 	redis := redistest.Start(t)
 	nats, err := replication.StartServer(replication.ServerConfig{Name: "nats", Dir: t.TempDir(), Port: -1,
-		Domain: fmt.Sprint(settings["region"])})
+		Domain: fmt.Sprint(settings["region"]), Anonymous: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,16 +28,25 @@ type ServerConfig struct {
 	// an open server there (ErrOpenServer).
 	Host string
 	// Users, when set, are the only clients the server lets in: each PoP
-	// with its own nkey and its Permissions. Without Users anyone who
-	// reaches the client port may publish anything, which is why that is
-	// only allowed on loopback.
+	// with its own nkey and its Permissions.
+	//
+	// Without Users the server opens no client port at all (nats-server's
+	// DontListen): its clients connect in process (ConnConfig.InProcess),
+	// so nothing else on the machine can reach it — an anonymous client
+	// could otherwise publish any PoP's counts or bits.
 	Users []PoPKey
+	// Anonymous, without Users, opens the client port anyway, on loopback
+	// only, to clients without credentials, which may then publish
+	// anything: for layouts that need it and say so (a second server of one
+	// PoP, the demo's servers, tests). It contradicts Users.
+	Anonymous bool
 	// Admin, with Users, is the public nkey of a user that may administer
 	// the streams (AdminPermissions): the PoP that runs the server connects
 	// with it, in memory only, to create and update its region's stream
 	// (replication.Config.Admin).
 	Admin string
-	// Port is the client port; -1 picks a free port, 0 means NATS's 4222.
+	// Port is the client port, with Users or Anonymous; -1 picks a free
+	// port, 0 means NATS's 4222.
 	Port int
 	// Domain is the JetStream domain. Regions linked by leaf nodes each need
 	// their own (use the region name); "" is the default domain.
@@ -93,7 +102,8 @@ type LeafConfig struct {
 	// beyond loopback the listener needs Users: a leaf connection is let
 	// in only with a PoP's or the Admin's nkey (what it may then do is that
 	// user's Permissions), so StartServer refuses an open one
-	// (ErrOpenServer).
+	// (ErrOpenServer). On loopback without Users, any process of the
+	// machine may link in as a leaf.
 	Host string
 	Port int
 	// RemoteNKeySeedFile is the nkey seed file this server's leaf remotes
@@ -213,15 +223,20 @@ func serverOptions(cfg ServerConfig) (*server.Options, error) {
 		NoSigs:             true,
 		NoLog:              cfg.Logger == nil,
 	}
-	if len(cfg.Users) > 0 {
+	switch {
+	case len(cfg.Users) > 0 && cfg.Anonymous:
+		return nil, fmt.Errorf("replication: server %q lets in only its Users: it cannot also let in anonymous clients", cfg.Name)
+	case len(cfg.Users) > 0:
 		users := cfg.Users
 		if cfg.Admin != "" {
 			users = append(slices.Clip(users), PoPKey{POP: AdminUser, PublicKey: cfg.Admin})
 		}
 		opts.Nkeys = nkeyUsers(users)
-	} else if !isLoopback(opts.Host) {
+	case !isLoopback(opts.Host):
 		return nil, fmt.Errorf("%w: server %q would listen on %s; list the PoPs' public nkeys (--nats-authorized-keys, written by edgelimit natsconf) or keep --nats-host on loopback",
 			ErrOpenServer, cfg.Name, opts.Host)
+	case !cfg.Anonymous:
+		opts.DontListen = true // clients connect in process
 	}
 	if c := cfg.Cluster; c != nil {
 		opts.Cluster.Name = c.Name

@@ -21,6 +21,10 @@ type ConnConfig struct {
 	// URL is one NATS URL or several, comma-separated (nats://host:4222,
 	// tls://host:4222).
 	URL string
+	// InProcess, when set, connects to this embedded server in process,
+	// with no TCP (a server StartServer started without a client port);
+	// URL may then be empty.
+	InProcess nats.InProcessConnProvider
 	// Name names the connection in the servers' monitoring; the PoP's name,
 	// say.
 	Name string
@@ -111,7 +115,7 @@ func parseVersion(v string) ([3]int, bool) {
 // an error and the connection closed, so replication stops visibly rather
 // than half-working.
 func Connect(cfg ConnConfig) (*nats.Conn, error) {
-	if cfg.URL == "" {
+	if cfg.URL == "" && cfg.InProcess == nil {
 		return nil, errors.New("replication: no NATS URL")
 	}
 	kinds := 0
@@ -182,6 +186,9 @@ func Connect(cfg ConnConfig) (*nats.Conn, error) {
 		}
 		opts = append(opts, nats.Nkey(pub, cfg.NKey.Sign), nats.CustomInboxPrefix(InboxPrefix(pub)))
 	}
+	if cfg.InProcess != nil {
+		opts = append(opts, nats.InProcessServer(cfg.InProcess))
+	}
 	if cfg.CAFile != "" {
 		opts = append(opts, nats.RootCAs(cfg.CAFile))
 	}
@@ -193,7 +200,11 @@ func Connect(cfg ConnConfig) (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(cfg.URL, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("replication: connect to NATS at %s: %w", cfg.URL, err)
+		where := cfg.URL
+		if cfg.InProcess != nil {
+			where = "the embedded server, in process"
+		}
+		return nil, fmt.Errorf("replication: connect to NATS at %s: %w", where, err)
 	}
 	if nc.IsConnected() {
 		if err := CheckServerVersion(nc.ConnectedServerVersion()); err != nil {

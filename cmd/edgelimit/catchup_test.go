@@ -36,7 +36,7 @@ func TestPoPCatchUpAfterRestart(t *testing.T) {
 	defer link.Close()
 	a, b := freeAddr(t), freeAddr(t)
 	common := []string{"--rules", rules, "--region", "eu", "--topology", "eu=a,b", "--flush-interval", "50ms", "--log-level", "info"}
-	startPoP(t, bin, append([]string{"--listen", a, "--data", filepath.Join(dir, "a"), "--pop", "a", "--nats-port", natsPort}, common...)...)
+	startPoP(t, bin, append([]string{"--listen", a, "--data", filepath.Join(dir, "a"), "--pop", "a", "--nats-allow-anonymous", "--nats-port", natsPort}, common...)...)
 	argsB := append([]string{"--listen", b, "--data", filepath.Join(dir, "b"), "--pop", "b", "--nats", "nats://" + link.Addr()}, common...)
 	popB := startPoP(t, bin, argsB...)
 

@@ -102,8 +102,10 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	urls := map[string]string{}
 	var hubLeaf string
 	for i, r := range names {
+		// The PoPs are other processes: the demo's servers take
+		// anonymous clients, on loopback (a demo, not a deployment).
 		cfg := replication.ServerConfig{Name: "nats-" + r, Dir: filepath.Join(*dataDir, "nats-"+r), Port: -1, Domain: r,
-			Logger: log.With("nats", r)}
+			Anonymous: true, Logger: log.With("nats", r)}
 		if i == 0 {
 			leafPort, err := freePort()
 			if err != nil {

@@ -239,8 +239,7 @@ func TestPoPStateMovedAsideRecoversFromStream(t *testing.T) {
 	os.WriteFile(rules, []byte(durableRules), 0o644)
 	addr := freeAddr(t)
 	data := filepath.Join(dir, "data")
-	natsPort := strings.Split(freeAddr(t), ":")[1]
-	args := []string{"--listen", addr, "--rules", rules, "--data", data, "--region", "eu", "--pop", "a", "--nats-port", natsPort, "--log-level", "warn"}
+	args := []string{"--listen", addr, "--rules", rules, "--data", data, "--region", "eu", "--pop", "a", "--log-level", "warn"}
 	p := startPoP(t, bin, args...)
 	admitted := admittedOf(t, addr, "global", 3)
 	time.Sleep(500 * time.Millisecond) // saved and published

@@ -133,7 +133,7 @@ func TestPoPCrashRestart(t *testing.T) {
 	natsPort := strings.Split(freeAddr(t), ":")[1]
 	a, b := freeAddr(t), freeAddr(t)
 	common := []string{"--rules", rules, "--region", "eu", "--topology", "eu=a,b", "--flush-interval", "50ms", "--log-level", "warn"}
-	argsA := append([]string{"--listen", a, "--data", filepath.Join(dir, "a"), "--pop", "a", "--nats-port", natsPort}, common...)
+	argsA := append([]string{"--listen", a, "--data", filepath.Join(dir, "a"), "--pop", "a", "--nats-allow-anonymous", "--nats-port", natsPort}, common...)
 	popA := startPoP(t, bin, argsA...)
 	startPoP(t, bin, append([]string{"--listen", b, "--data", filepath.Join(dir, "b"), "--pop", "b", "--nats", "nats://127.0.0.1:" + natsPort}, common...)...)
 
@@ -357,9 +357,9 @@ func startRedisPoPs(t *testing.T, bin string, ra, rb *redistest.Server, n int) (
 	a, b = freeAddr(t), freeAddr(t)
 	common := []string{"--rules", rules, "--topology", "eu=a;us=b", "--flush-interval", "50ms", "--redis-timeout", "100ms", "--log-level", "warn"}
 	startPoP(t, bin, append([]string{"--listen", a, "--data", filepath.Join(dir, "a"), "--region", "eu", "--pop", "a",
-		"--store", ra.URL(), "--nats-port", port(), "--nats-leaf-port", leaf}, common...)...)
+		"--store", ra.URL(), "--nats-leaf-port", leaf}, common...)...)
 	startPoP(t, bin, append([]string{"--listen", b, "--data", filepath.Join(dir, "b"), "--region", "us", "--pop", "b",
-		"--store", rb.URL(), "--nats-port", port(), "--nats-leaf-remote", "nats-leaf://127.0.0.1:" + leaf}, common...)...)
+		"--store", rb.URL(), "--nats-leaf-remote", "nats-leaf://127.0.0.1:" + leaf}, common...)...)
 	return a, b
 }
 
@@ -574,9 +574,9 @@ func TestPoPsDirectPath(t *testing.T) {
 	a, b, c := freeAddr(t), freeAddr(t), freeAddr(t)
 	common := []string{"--rules", rules, "--topology", "eu=a;us=b,c", "--flush-interval", "50ms", "--log-level", "warn"}
 	startPoP(t, bin, append([]string{"--listen", a, "--data", filepath.Join(dir, "a"), "--region", "eu", "--pop", "a",
-		"--nats-port", natsA, "--nats-leaf-port", leaf}, common...)...)
+		"--nats-allow-anonymous", "--nats-port", natsA, "--nats-leaf-port", leaf}, common...)...)
 	startPoP(t, bin, append([]string{"--listen", b, "--data", filepath.Join(dir, "b"), "--region", "us", "--pop", "b",
-		"--nats-port", natsB, "--nats-leaf-remote", "nats-leaf://" + link.Addr(),
+		"--nats-allow-anonymous", "--nats-port", natsB, "--nats-leaf-remote", "nats-leaf://" + link.Addr(),
 		"--nats-direct", "eu=nats://127.0.0.1:" + natsA}, common...)...)
 	// c uses b's server, as the PoPs of a region share theirs.
 	startPoP(t, bin, append([]string{"--listen", c, "--data", filepath.Join(dir, "c"), "--region", "us", "--pop", "c",
@@ -616,9 +616,9 @@ func TestPoPsSettledExcess(t *testing.T) {
 	a, b := freeAddr(t), freeAddr(t)
 	common := []string{"--rules", rules, "--topology", "eu=a;us=b", "--flush-interval", "50ms", "--log-level", "warn"}
 	startPoP(t, bin, append([]string{"--listen", a, "--data", filepath.Join(dir, "a"), "--region", "eu", "--pop", "a",
-		"--nats-port", port(), "--nats-leaf-port", leaf}, common...)...)
+		"--nats-leaf-port", leaf}, common...)...)
 	startPoP(t, bin, append([]string{"--listen", b, "--data", filepath.Join(dir, "b"), "--region", "us", "--pop", "b",
-		"--nats-port", port(), "--nats-leaf-remote", "nats-leaf://127.0.0.1:" + leaf}, common...)...)
+		"--nats-leaf-remote", "nats-leaf://127.0.0.1:" + leaf}, common...)...)
 	warmUp(t, []string{a, b}, a, b)
 	admitted := 0
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {

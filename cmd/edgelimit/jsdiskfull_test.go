@@ -36,7 +36,7 @@ func TestPoPJetStreamDiskFull(t *testing.T) {
 	a, b := freeAddr(t), freeAddr(t)
 	common := []string{"--rules", rules, "--region", "eu", "--topology", "eu=a,b", "--flush-interval", "50ms",
 		"--data-min-free-mib", "4", "--log-level", "info"}
-	popA, logFile := startPoPLog(t, bin, append([]string{"--listen", a, "--data", dataA, "--pop", "a", "--nats-port", natsPort}, common...)...)
+	popA, logFile := startPoPLog(t, bin, append([]string{"--listen", a, "--data", dataA, "--pop", "a", "--nats-allow-anonymous", "--nats-port", natsPort}, common...)...)
 	startPoP(t, bin, append([]string{"--listen", b, "--data", filepath.Join(dir, "b"), "--pop", "b",
 		"--nats", "nats://127.0.0.1:" + natsPort}, common...)...)
 	waitFor(t, "a ready", 10*time.Second, func() bool { c, _ := getBody(t, "http://"+a+"/readyz"); return c == 200 })

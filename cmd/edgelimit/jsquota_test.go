@@ -67,7 +67,7 @@ func TestPoPJetStreamStoreQuota(t *testing.T) {
 	a, b := freeAddr(t), freeAddr(t)
 	common := []string{"--rules", rules, "--region", "eu", "--topology", "eu=a,b", "--flush-interval", "50ms",
 		"--snapshot-interval", "200ms", "--nats-max-store-mib", "1", "--log-level", "info"}
-	startPoP(t, bin, append([]string{"--listen", a, "--data", filepath.Join(dir, "a"), "--pop", "a", "--nats-port", natsPort}, common...)...)
+	startPoP(t, bin, append([]string{"--listen", a, "--data", filepath.Join(dir, "a"), "--pop", "a", "--nats-allow-anonymous", "--nats-port", natsPort}, common...)...)
 	startPoP(t, bin, append([]string{"--listen", b, "--data", filepath.Join(dir, "b"), "--pop", "b",
 		"--nats", "nats://127.0.0.1:" + natsPort}, common...)...)
 

@@ -25,6 +25,7 @@ func (f *replFlags) natsAuthFlags(fs *flag.FlagSet) {
 	fs.StringVar(&f.leafHost, "nats-leaf-host", "127.0.0.1", "embedded NATS: the `host` the leaf listener (--nats-leaf-port) binds; beyond loopback it needs --nats-authorized-keys")
 	fs.StringVar(&f.leafNKey, "nats-leaf-nkey", "", "embedded NATS: nkey seed `file` the leaf links (--nats-leaf-remote) log in to the hub with ('edgelimit natsconf'\nwrites leaf.nk; the hub's --nats-authorized-keys lists it)")
 	fs.StringVar(&f.natsAuthorized, "nats-authorized-keys", "", "embedded NATS: let in only the PoPs listed in this `file` (\"<pop> <public nkey>\" lines, written by\n'edgelimit natsconf'), each allowed to publish only its own subjects; this PoP connects with --nats-nkey")
+	fs.BoolVar(&f.natsAnonymous, "nats-allow-anonymous", false, "embedded NATS without --nats-authorized-keys: open its client port (--nats-port, on loopback) to clients without\ncredentials, which may then publish any PoP's counts; for a second server of this PoP on the same machine\n(--nats nats://127.0.0.1:<port>). Without it (the default) that server has no client port and this PoP\nconnects in process")
 }
 
 // defaultMaxStore is the embedded NATS server's JetStream store limit when
@@ -69,6 +70,18 @@ func (f *replFlags) validateAuth(t replication.Topology) error {
 	if (f.natsCert == "") != (f.natsKey == "") {
 		return errors.New("--nats-tls-cert and --nats-tls-key go together")
 	}
+	if f.natsAnonymous {
+		switch {
+		case f.natsURL != "":
+			return errors.New("--nats-allow-anonymous opens the embedded NATS server's client port; with --nats there is no embedded server")
+		case f.natsAuthorized != "":
+			return errors.New("--nats-allow-anonymous and --nats-authorized-keys contradict each other: the keys let in only the PoPs listed")
+		}
+	}
+	if f.natsURL == "" && f.natsAuthorized == "" && !f.natsAnonymous && f.natsListen != -1 {
+		return fmt.Errorf("--nats-port %d: without --nats-authorized-keys the embedded NATS server has no client port (this PoP connects in process);\n"+
+			"list the PoPs' keys with --nats-authorized-keys, or open it to anyone on this machine with --nats-allow-anonymous", f.natsListen)
+	}
 	if f.natsURL != "" {
 		if f.natsAuthorized != "" {
 			return errors.New("--nats-authorized-keys configures the embedded NATS server; with --nats, the servers' own configuration lets PoPs in (deploy/nats)")
@@ -76,7 +89,7 @@ func (f *replFlags) validateAuth(t replication.Topology) error {
 		return nil
 	}
 	if f.natsAuthorized == "" {
-		return nil // StartServer refuses a --nats-host beyond loopback
+		return nil // StartServer refuses a --nats-host beyond loopback, and opens no client port without --nats-allow-anonymous
 	}
 	keys, err := replication.ReadAuthorizedKeys(f.natsAuthorized, t)
 	if err != nil {

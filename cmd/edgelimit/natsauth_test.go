@@ -81,6 +81,9 @@ func TestNatsconf(t *testing.T) {
 		{[]string{"--nats-leaf-nkey", filepath.Join(dir, "leaf.nk")}, "--nats-leaf-nkey is the credential of the leaf links: it needs --nats-leaf-remote"},
 		{[]string{"--nats-leaf-remote", "nats-leaf://127.0.0.1:1", "--nats-leaf-nkey", filepath.Join(dir, "authorized_keys")}, "--nats-leaf-nkey"},
 		{[]string{"--nats-max-store-mib", "-1"}, "--nats-max-store-mib must be between 0"},
+		{[]string{"--nats-port", "4222"}, "without --nats-authorized-keys the embedded NATS server has no client port"},
+		{[]string{"--nats-allow-anonymous", "--nats-authorized-keys", filepath.Join(dir, "authorized_keys"), "--nats-nkey", filepath.Join(dir, "eu-1.nk")}, "contradict"},
+		{[]string{"--nats", "nats://127.0.0.1:1", "--nats-allow-anonymous"}, "with --nats there is no embedded server"},
 	} {
 		errb.Reset()
 		if code := run(append(append([]string{}, base...), c.args...), &out, &errb); code != 1 || !strings.Contains(errb.String(), c.want) {

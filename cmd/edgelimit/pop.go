@@ -127,7 +127,7 @@ func runPop(args []string, stdout, stderr io.Writer) error {
 	repl.natsAuthFlags(fs)
 	fs.DurationVar(&repl.catchUp, "catchup-timeout", 5*time.Second, "a restarted replicated PoP fails /readyz until it has applied its region's stream up to where it ended\nwhen the PoP started (what the others admitted while it was down); after this long it serves anyway and logs why")
 	fs.BoolVar(&cfg.HoldReplicated, "catchup-hold", true, "while catching up (--catchup-timeout), checks of region and global limits wait for it (pop-scope ones never wait);\nfalse decides them at once on what the PoP knows")
-	fs.IntVar(&repl.natsListen, "nats-port", -1, "client port of the embedded NATS server (-1: a free port)")
+	fs.IntVar(&repl.natsListen, "nats-port", -1, "client port of the embedded NATS server (-1: a free port), opened only with --nats-authorized-keys\nor --nats-allow-anonymous")
 	fs.IntVar(&repl.leafListen, "nats-leaf-port", 0, "embedded NATS: accept other regions' leaf connections on this port (the hub region; 0: none)")
 	fs.StringVar(&repl.natsDirect, "nats-direct", "", "also take from other regions' NATS servers, each region on a connection of its own beside the stream, their\nmitigation bits and the counts of keys near their limit: `region=nats://host:4222,…;region=…` (a link held up behind a lost segment then\nholds only one of two paths)")
 	fs.Var(&repl.leafRemotes, "nats-leaf-remote", "embedded NATS: connect to the hub region's leaf `URL` (nats-leaf://host:port), comma-separated or repeated")

@@ -32,6 +32,7 @@ type replFlags struct {
 	natsCert, natsKey     string
 	natsHost              string
 	natsAuthorized        string
+	natsAnonymous         bool                 // --nats-allow-anonymous
 	natsAdminNKey         string               // --nats-admin-nkey
 	maxStoreMiB, maxStore int64                // --nats-max-store-mib, and in bytes
 	leafHost, leafNKey    string               // --nats-leaf-host, --nats-leaf-nkey
@@ -183,6 +184,7 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 		var guard *replication.StoreGuard
 		var adminKey nkeys.KeyPair
 		var links *replication.LinkWatch
+		var inProcess nats.InProcessConnProvider // the embedded server, when it has no client port
 		url := f.natsURL
 		if url == "" && len(f.leafRemotes.values) > 0 {
 			links = replication.NewLinkWatch(f.leafRemotes.values)
@@ -193,7 +195,7 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			guard = replication.NewStoreGuard(dur.minFree, log.With("component", "nats-store"))
 			cfg := replication.ServerConfig{Name: f.pop, Dir: filepath.Join(dataDir, "nats"), Host: f.natsHost, Port: f.natsListen,
 				Domain: f.region, Users: f.natsUsers, Logger: log.With("component", "nats"), Guard: guard, Links: links,
-				MaxStore: f.maxStore}
+				MaxStore: f.maxStore, Anonymous: f.natsAnonymous}
 			if len(f.natsUsers) > 0 {
 				// The stream's administration goes through a key of this
 				// process's own, never written: the PoPs' keys may not.
@@ -224,10 +226,21 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 			go func() { defer close(guardDone); guard.Run(gctx) }()
 			cleanup = append(cleanup, func() { stopGuard(); <-guardDone })
 			registerStoreGuard(reg, guard)
-			url = srv.ClientURL()
-			log.Info("embedded NATS serving", "url", url, "domain", f.region)
+			if len(f.natsUsers) == 0 && !f.natsAnonymous {
+				// No client port (replication.ServerConfig.Users): nothing
+				// but this process can publish into replication.
+				inProcess = srv
+				log.Info("embedded NATS serving in process only, no client port (--nats-allow-anonymous opens one)", "domain", f.region)
+			} else {
+				url = srv.ClientURL()
+				log.Info("embedded NATS serving", "url", url, "domain", f.region, "anonymous_clients", f.natsAnonymous)
+			}
 		}
-		nc, err := replication.Connect(f.connConfig(url, "edgelimit "+f.pop, log.With("component", "nats-client")))
+		ncCfg := f.connConfig(url, "edgelimit "+f.pop, log.With("component", "nats-client"))
+		if inProcess != nil {
+			ncCfg.InProcess = inProcess
+		}
+		nc, err := replication.Connect(ncCfg)
 		if err != nil {
 			closeAll()
 			return nil, nil, fmt.Errorf("nats %s: %w", url, err)
@@ -295,7 +308,7 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 		}
 		registerStreamHealth(reg, r, links)
 		if h.ReportStatus != nil {
-			rs := &replStatus{r: r, nc: nc, direct: direct, unreachableAfter: f.unreachableAfter, links: links,
+			rs := &replStatus{r: r, nc: nc, direct: direct, unreachableAfter: f.unreachableAfter, links: links, inProcess: inProcess != nil,
 				problems: []func() error{catchUp, r.StreamErr, r.JetStreamFull, links.Refused}}
 			if guard != nil {
 				rs.problems = append(rs.problems, guard.Full)
@@ -326,8 +339,9 @@ func (f *replFlags) replicator(t replication.Topology, dur *durable, log *slog.L
 // adminConn returns the connection the Replicator administers its region's
 // stream through (replication.Config.Admin), or nil: with an embedded server
 // that lets in only the PoPs' keys, one with this process's in-memory admin
-// key; with an embedded server that lets anyone in on loopback, the PoP's own
-// connection; with external servers, one with --nats-admin-nkey when given.
+// key; with an embedded server without credentials (in process, or open on
+// loopback with --nats-allow-anonymous), the PoP's own connection; with
+// external servers, one with --nats-admin-nkey when given.
 func (f *replFlags) adminConn(url string, nc *nats.Conn, key nkeys.KeyPair, log *slog.Logger) (*nats.Conn, error) {
 	switch {
 	case f.natsURL == "" && key != nil:

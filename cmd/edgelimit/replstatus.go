@@ -20,6 +20,7 @@ type replStatus struct {
 	direct           map[string]*nats.Conn // --nats-direct, by region
 	unreachableAfter time.Duration
 	links            *replication.LinkWatch // nil without leaf remotes
+	inProcess        bool                   // nc is in process to the embedded server, which has no client port
 	// problems are the readiness checks replication adds to /readyz.
 	problems []func() error
 }
@@ -29,6 +30,9 @@ func (s *replStatus) status() httpapi.ReplicationStatus {
 	rs := httpapi.ReplicationStatus{
 		NATS: s.nc.Status().String(), Connected: s.nc.IsConnected(), NATSURL: s.nc.ConnectedUrlRedacted(),
 		Unreachable: s.r.Unreachable(now, s.unreachableAfter),
+	}
+	if s.inProcess {
+		rs.NATSURL = "embedded, in process (no client port)"
 	}
 	if rs.Unreachable == nil {
 		rs.Unreachable = []string{}

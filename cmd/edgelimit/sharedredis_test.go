@@ -42,11 +42,11 @@ descriptors:
 	common := []string{"--rules", rules, "--topology", "eu=eu-1,eu-2;us=us-1", "--flush-interval", "50ms",
 		"--redis-timeout", "200ms", "--log-level", "warn"}
 	startPoP(t, bin, append([]string{"--listen", a1, "--data", filepath.Join(dir, "a1"), "--region", "eu", "--pop", "eu-1",
-		"--store", r1.URL(), "--nats-port", natsA, "--nats-leaf-port", leaf}, common...)...)
+		"--store", r1.URL(), "--nats-allow-anonymous", "--nats-port", natsA, "--nats-leaf-port", leaf}, common...)...)
 	startPoP(t, bin, append([]string{"--listen", a2, "--data", filepath.Join(dir, "a2"), "--region", "eu", "--pop", "eu-1",
 		"--store", r1.URL(), "--nats", "nats://127.0.0.1:" + natsA}, common...)...)
 	startPoP(t, bin, append([]string{"--listen", u, "--data", filepath.Join(dir, "u"), "--region", "us", "--pop", "us-1",
-		"--store", r2.URL(), "--nats-port", port(), "--nats-leaf-remote", "nats-leaf://127.0.0.1:" + leaf}, common...)...)
+		"--store", r2.URL(), "--nats-leaf-remote", "nats-leaf://127.0.0.1:" + leaf}, common...)...)
 	warmUp(t, []string{a1, a2, u}, a1, a2, u)
 
 	for _, key := range []string{"g", "r", "p"} {
@@ -66,7 +66,7 @@ descriptors:
 	}
 
 	cmd := exec.Command(bin, append([]string{"pop", "--listen", freeAddr(t), "--data", filepath.Join(dir, "b"), "--region", "eu",
-		"--pop", "eu-2", "--store", r1.URL(), "--nats-port", port()}, common...)...)
+		"--pop", "eu-2", "--store", r1.URL()}, common...)...)
 	cmd.Env = demoEnv()
 	done := make(chan struct{})
 	var out []byte

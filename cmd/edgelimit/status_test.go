@@ -25,9 +25,9 @@ func TestPoPStatusPage(t *testing.T) {
 	a, b := freeAddr(t), freeAddr(t)
 	common := []string{"--rules", rules, "--topology", "eu=a;us=b", "--log-level", "warn"}
 	startPoP(t, bin, append([]string{"--listen", a, "--data", filepath.Join(dir, "a"), "--region", "eu", "--pop", "a",
-		"--nats-port", port(), "--nats-leaf-port", leaf}, common...)...)
+		"--nats-leaf-port", leaf}, common...)...)
 	startPoP(t, bin, append([]string{"--listen", b, "--data", filepath.Join(dir, "b"), "--region", "us", "--pop", "b",
-		"--nats-port", port(), "--nats-leaf-remote", "nats-leaf://127.0.0.1:" + leaf}, common...)...)
+		"--nats-leaf-remote", "nats-leaf://127.0.0.1:" + leaf}, common...)...)
 
 	// b counts a hit, which reaches a with b's next flush: a's page then
 	// has heard b's beacons and its counts.

@@ -37,9 +37,9 @@ func TestStrongAcrossProcesses(t *testing.T) {
 	a, b := freeAddr(t), freeAddr(t)
 	common := []string{"--rules", rules, "--topology", "eu=a;us=b", "--flush-interval", "50ms", "--log-level", "warn"}
 	startPoP(t, bin, append([]string{"--listen", a, "--data", filepath.Join(dir, "a"), "--region", "eu", "--pop", "a",
-		"--nats-port", port(), "--nats-leaf-port", leaf}, common...)...)
+		"--nats-leaf-port", leaf}, common...)...)
 	pb := startPoP(t, bin, append([]string{"--listen", b, "--data", filepath.Join(dir, "b"), "--region", "us", "--pop", "b",
-		"--nats-port", port(), "--nats-leaf-remote", "nats-leaf://127.0.0.1:" + leaf}, common...)...)
+		"--nats-leaf-remote", "nats-leaf://127.0.0.1:" + leaf}, common...)...)
 	warmUp(t, []string{a, b}, a, b)
 
 	burst := burstAdmitted(t, []string{a, b}, "s", 120)

@@ -96,6 +96,8 @@ func (c *Cluster) start(t testing.TB, region string, leaf *replication.LeafConfi
 		Domain: region,
 		Leaf:   leaf,
 		Logger: dbgLogger(),
+		// Tests connect from outside, and forge messages, on loopback.
+		Anonymous: true,
 	})
 	if err != nil {
 		t.Fatalf("natstest: start region %q: %v", region, err)
