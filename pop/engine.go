@@ -238,6 +238,15 @@ type Engine struct {
 	awaitMax time.Duration
 }
 
+// DefaultBoundedWait is how long edgelimit pop (--bounded-wait) and the
+// simulator let a check wait for bounded allowance (UseAllowanceWait). A
+// give reaches this PoP after its demand has reached the giver and the
+// give has come back — a round trip between regions, up to about 300 ms
+// between the farthest continents — plus two urgent publications (10 ms
+// each): a wait of this length lets most gives arrive, and bounds what a
+// denied client waits.
+const DefaultBoundedWait = 250 * time.Millisecond
+
 // AllowanceWaiter is the store's side of waiting for bounded allowance
 // (store.Memory.AwaitAllowance): for a check of hits that the bounded item
 // it denied at now, a channel closed once deciding it again may admit it,
@@ -377,7 +386,7 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 
 // check is CheckAt, with the request's concurrency limits when leases.
 func (e *Engine) check(ctx context.Context, now time.Time, req *Request, res *Result, leases bool) error {
-	err := e.decideRequest(ctx, now, req, res, leases, e.awaitMax > 0)
+	err := e.decideRequest(ctx, now, req, res, leases, e.awaitMax > 0, false)
 	if err == nil && res.await != nil {
 		err = e.awaitAllowance(ctx, now, req, res, leases)
 	}
@@ -385,6 +394,22 @@ func (e *Engine) check(ctx context.Context, now time.Time, req *Request, res *Re
 		e.shadowAnswer(res)
 	}
 	return err
+}
+
+// DecideAt is CheckAt for a caller that waits for bounded allowance on a
+// clock of its own, as the simulator does: it never blocks. With mayWait and
+// UseAllowanceWait's store, a request that waiting may admit comes back
+// denied with a channel that is closed once deciding it again may admit it,
+// and its denial is not reported in the metrics: decide it again, with
+// again set, when the channel is closed, and without mayWait at the
+// caller's deadline, which reports it. Otherwise the channel is nil and res
+// is final, as CheckAt's.
+func (e *Engine) DecideAt(ctx context.Context, now time.Time, req *Request, res *Result, mayWait, again bool) (<-chan struct{}, error) {
+	err := e.decideRequest(ctx, now, req, res, false, mayWait, again)
+	if err == nil && res.await == nil && res.Code == OverLimit && e.shadow.Load() {
+		e.shadowAnswer(res)
+	}
+	return res.await, err
 }
 
 // awaitAllowance decides req again each time res.await says allowance
@@ -405,7 +430,7 @@ func (e *Engine) awaitAllowance(ctx context.Context, now time.Time, req *Request
 		case <-ctx.Done():
 			last = true
 		}
-		if err := e.decideRequest(ctx, now.Add(time.Since(begun)), req, res, leases, !last); err != nil {
+		if err := e.decideRequest(ctx, now.Add(time.Since(begun)), req, res, leases, !last, true); err != nil {
 			e.metrics.allowanceWait(time.Since(begun), false)
 			return err
 		}
@@ -417,8 +442,8 @@ func (e *Engine) awaitAllowance(ctx context.Context, now time.Time, req *Request
 // decideRequest is check before shadow mode. With mayWait, a request only
 // bounded limits deny, while allowance for them may be on its way, gets
 // res.await and is not reported in the metrics: awaitAllowance decides it
-// again.
-func (e *Engine) decideRequest(ctx context.Context, now time.Time, req *Request, res *Result, leases, mayWait bool) error {
+// again, with again set (limit.Item.Again).
+func (e *Engine) decideRequest(ctx context.Context, now time.Time, req *Request, res *Result, leases, mayWait, again bool) error {
 	res.await = nil
 	if err := req.Validate(); err != nil {
 		return err
@@ -498,6 +523,7 @@ func (e *Engine) decideRequest(ctx context.Context, now time.Time, req *Request,
 	quotaMode := false
 	for i, l := range s.limits {
 		s.items = append(s.items, itemFor(l, s.key(i), share, countDenied))
+		s.items[len(s.items)-1].Again = again
 		quotaMode = quotaMode || l.QuotaMode
 	}
 	if len(s.dups) > 0 {

@@ -12,6 +12,7 @@ const (
 	evDeliver                   // msg reaches PoP idx
 	evHeal                      // partition idx heals
 	evConverge                  // check whether the state at heal idx reached every PoP
+	evWaited                    // waiting check idx reaches the end of its wait (boundedwait.go)
 )
 
 // event is one scheduled happening at virtual time at (ns since the run's start).

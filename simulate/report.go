@@ -237,10 +237,10 @@ var reportTables = [][]column{
 		}},
 		{"msgs", 10, "messages and bytes replication put on the wire, each copy counted", func(_ Report, r Result) string { return fmt.Sprintf("%d", r.Messages) }},
 		{"bytes", 12, "messages and bytes replication put on the wire, each copy counted", func(_ Report, r Result) string { return fmt.Sprintf("%d", r.Bytes) }},
-		{"+latency", 9, "mean and 99th percentile of the time a decision waited on the network (a strong limit's round trip to the key's home, or the central store's)", func(_ Report, r Result) string {
+		{"+latency", 9, "mean and 99th percentile of the time a decision waited on the network (a strong limit's round trip to the key's home, the central store's, or a bounded limit's wait for allowance on its way)", func(_ Report, r Result) string {
 			return fmtDuration(r.AddedLatency)
 		}},
-		{"+lat-p99", 10, "mean and 99th percentile of the time a decision waited on the network (a strong limit's round trip to the key's home, or the central store's)", func(_ Report, r Result) string {
+		{"+lat-p99", 10, "mean and 99th percentile of the time a decision waited on the network (a strong limit's round trip to the key's home, the central store's, or a bounded limit's wait for allowance on its way)", func(_ Report, r Result) string {
 			return fmtDuration(r.AddedLatencyP99)
 		}},
 		{"no-home%", 9, "decisions of a strong limit whose home did not answer in time, made by the limit's partition policy", func(_ Report, r Result) string {

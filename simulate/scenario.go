@@ -67,6 +67,11 @@ type Scenario struct {
 	// global limit each reachable region enforces during a partition (0:
 	// reachable regions / all regions).
 	PartitionShare float64 `yaml:"partition_share"`
+	// BoundedWait is `edgelimit pop --bounded-wait`: how long a check that a
+	// bounded limit denied waits for allowance on its way to its PoP, then
+	// is decided again (pop.Engine.UseAllowanceWait); absent: the PoP's
+	// default (pop.DefaultBoundedWait); 0: checks never wait.
+	BoundedWait *time.Duration `yaml:"bounded_wait"`
 	// ClockSkew offsets a PoP's clock from true time (positive: ahead), by
 	// PoP name. The PoP decides, windows and bits on its own clock.
 	ClockSkew map[string]time.Duration `yaml:"clock_skew"`
@@ -251,6 +256,9 @@ func (sc *Scenario) Validate() error {
 		if *d.v < 0 {
 			return fmt.Errorf("%s: must be positive, got %v", d.name, *d.v)
 		}
+	}
+	if sc.BoundedWait != nil && *sc.BoundedWait < 0 {
+		return fmt.Errorf("bounded_wait: must be 0 or more, got %v", *sc.BoundedWait)
 	}
 	regions := map[string]bool{}
 	pops := map[string]bool{}

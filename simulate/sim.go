@@ -321,6 +321,8 @@ type run struct {
 	strongs    []*store.Strong   // per PoP, when the limit is strong: its home side and asker
 	popIndex   map[string]int    // PoP name → index
 	waited     int64             // the added latency of the decision being made
+	wait       int64             // how long a check may wait for bounded allowance (Scenario.BoundedWait); 0: never
+	waiting    waitingChecks     // the checks waiting for bounded allowance (boundedwait.go)
 	tickAt     []int64           // per PoP: when its scheduled evTick fires
 	urgent     []<-chan struct{} // per PoP: its store's near-limit news, nil when it has none
 	delivering *message          // the message being delivered, while its Ready is done
@@ -461,6 +463,9 @@ func runStrategy(sc *Scenario, top *topology, arrivals *reader, keys []string, t
 			r.popIndex[p] = i
 		}
 	}
+	if consistency == limit.Bounded && r.replicated {
+		r.wait = int64(boundedWait(sc))
+	}
 	newEngine := func(limit int64, scope rules.Scope, cfg store.MemoryConfig) (*pop.Engine, *store.Memory, error) {
 		s := spec
 		s.Limit = limit
@@ -488,7 +493,11 @@ func runStrategy(sc *Scenario, top *topology, arrivals *reader, keys []string, t
 			st.UseGlobalShare(e.GlobalShare)
 			return e, m, nil
 		}
-		return pop.NewEngine(m, set, nil), m, nil
+		e := pop.NewEngine(m, set, nil)
+		if scope != rules.ScopePOP && r.wait > 0 {
+			e.UseAllowanceWait(m, time.Duration(r.wait))
+		}
+		return e, m, nil
 	}
 	r.engines, r.stores = make([]*pop.Engine, n), make([]*store.Memory, n)
 	for i := range n {
@@ -569,12 +578,17 @@ func (r *run) loop(ctx context.Context) error {
 			if !ok || e.at >= r.duration {
 				break
 			}
-			r.fire(e)
+			if err := r.fire(e); err != nil {
+				return err
+			}
 		}
 		if events++; r.progress != nil && events%progressEvery == 0 {
 			r.progress(r.q.now - reported)
 			reported = r.q.now
 		}
+	}
+	if err := r.finishWaiting(); err != nil {
+		return err
 	}
 	for i := range r.heals {
 		if !r.heals[i].done {
@@ -588,14 +602,16 @@ func (r *run) loop(ctx context.Context) error {
 }
 
 // fire does what event e says.
-func (r *run) fire(e event) {
+func (r *run) fire(e event) error {
 	switch e.kind {
 	case evTick:
 		if e.at == r.tickAt[e.idx] { // else a later or earlier tick replaced it
 			r.tick(e.idx)
 		}
 	case evDeliver:
-		r.deliver(e.idx, e.msg)
+		return r.deliver(e.idx, e.msg)
+	case evWaited:
+		return r.waitedOut(e.idx)
 	case evHeal:
 		h := healState{at: r.q.now, own: make([][]crdt.Slot, len(r.stores))}
 		for i, s := range r.stores {
@@ -606,6 +622,7 @@ func (r *run) fire(e event) {
 	case evConverge:
 		r.converge(e.idx)
 	}
+	return nil
 }
 
 // startCores starts one replication core per PoP, each as if its PoP had
@@ -749,11 +766,12 @@ func (r *run) ready(p int) {
 }
 
 // deliver hands msg to PoP p's core.
-func (r *run) deliver(p int, msg *message) {
+func (r *run) deliver(p int, msg *message) error {
 	r.cores[p].Step(r.clock(p), msg.m)
 	r.delivering = msg
 	r.ready(p)
 	r.delivering = nil
+	return r.wake(p)
 }
 
 // converge checks whether every PoP now holds every other PoP's counts as
@@ -792,8 +810,16 @@ func (r *run) converge(h int) {
 	r.convergence = append(r.convergence, r.q.now-hs.at)
 }
 
-// arrive decides a request on key k at PoP p and grades the decision.
+// arrive decides a request on key k at PoP p and grades the decision, or,
+// when it waits for bounded allowance, sets it waiting (boundedwait.go).
 func (r *run) arrive(ctx context.Context, k, p int) error {
+	return r.decide(ctx, k, p, r.q.now, r.wait > 0)
+}
+
+// decide decides a request on key k that arrived at PoP p at arrived, now,
+// and grades the decision; with mayWait, a request that may be admitted by
+// waiting for bounded allowance waits instead (boundedwait.go).
+func (r *run) decide(ctx context.Context, k, p int, arrived int64, mayWait bool) error {
 	now := r.q.now
 	var issued uint64
 	if r.mits != nil {
@@ -805,7 +831,8 @@ func (r *run) arrive(ctx context.Context, k, p int) error {
 		clock = r.skew[0] // the central store decides on its own clock
 	}
 	r.waited = 0
-	if err := r.engines[p].CheckAt(ctx, Epoch.Add(time.Duration(now+clock)), &r.req, &r.res); err != nil {
+	await, err := r.engines[p].DecideAt(ctx, Epoch.Add(time.Duration(now+clock)), &r.req, &r.res, mayWait, arrived != now)
+	if err != nil {
 		return fmt.Errorf("simulate: %s at %v: %w", r.strategy, time.Duration(now), err)
 	}
 	if r.mits != nil {
@@ -826,11 +853,16 @@ func (r *run) arrive(ctx context.Context, k, p int) error {
 		default:
 		}
 	}
+	if await != nil {
+		r.await(k, p, arrived, await)
+		return nil
+	}
+
 	r.oracle.decide(k, now, 1, r.res.Code == pop.OK)
 	if r.strategy == Centralized {
 		r.waited = 2 * r.top.base[r.top.region[p]][0]
 	}
-	r.addLatency(r.waited)
+	r.addLatency(r.waited + now - arrived)
 	if r.replicated && r.share[p] < 1 {
 		r.reduced++
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/edgelimit/edgelimit/simulate"
 )
@@ -44,6 +45,8 @@ func runSimTo(args []string, stdout, stderr io.Writer, tty bool) error {
 	htmlFile := fs.String("html", "", "also write the report as an HTML page with charts to `FILE`")
 	direct := fs.Bool("direct", false, "give edgelimit's PoPs a direct path to the other regions, as edgelimit pop --nats-direct does\n(the scenario's direct: true)")
 	consistency := fs.String("consistency", "", "run the replicated strategies' limit as `eventual`, bounded or strong, whatever the scenario's\nlimit.consistency says (empty: the scenario's)")
+	var wait optionalDuration
+	fs.Var(&wait, "bounded-wait", "how long a check a bounded limit denied waits for allowance on its way, as edgelimit pop\n--bounded-wait (default: the scenario's bounded_wait, else the PoP's default 250ms; 0: never wait)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), simUsage)
 		fs.PrintDefaults()
@@ -64,6 +67,9 @@ func runSimTo(args []string, stdout, stderr io.Writer, tty bool) error {
 	sc.Direct = sc.Direct || *direct
 	if *consistency != "" {
 		sc.Limit.Consistency = *consistency
+	}
+	if wait.set {
+		sc.BoundedWait = &wait.d
 	}
 	// Open the page's file before the run, so that a path that cannot be
 	// written fails at once rather than after the simulation.
@@ -108,5 +114,30 @@ func runSimTo(args []string, stdout, stderr io.Writer, tty bool) error {
 	if err := page.Close(); err != nil {
 		return fmt.Errorf("--html: writing the report: %w", err)
 	}
+	return nil
+}
+
+// optionalDuration is a duration flag that knows whether it was set.
+type optionalDuration struct {
+	d   time.Duration
+	set bool
+}
+
+func (o *optionalDuration) String() string {
+	if !o.set {
+		return ""
+	}
+	return o.d.String()
+}
+
+func (o *optionalDuration) Set(v string) error {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return err
+	}
+	if d < 0 {
+		return fmt.Errorf("must be >= 0, got %v", d)
+	}
+	o.d, o.set = d, true
 	return nil
 }

@@ -106,6 +106,11 @@ type Item struct {
 	// Consistency is how a region or global item holds across replicas;
 	// stores that replicate apply it, and ignore it for ScopePOP.
 	Consistency Consistency
+	// Again marks a check decided again after it waited for bounded
+	// allowance (pop.Engine.UseAllowanceWait): a bounded item it denies
+	// does not count its hits as demand again, since the first decision
+	// did; otherwise each retry would make this PoP's demand look larger.
+	Again bool
 }
 
 // countsDenied reports whether it adds its hits to a denied request.

@@ -33,13 +33,6 @@ import (
 )
 
 // Config is a PoP's configuration.
-// DefaultBoundedWait is Config.BoundedWait's default: a give crosses from
-// another PoP after this PoP's demand reaches it and its answer comes back —
-// a round trip between regions (up to about 300 ms between the farthest
-// continents) and two urgent publications (10 ms each) — so a wait of this
-// length lets most gives arrive, and bounds what a denied client waits.
-const DefaultBoundedWait = 250 * time.Millisecond
-
 type Config struct {
 	// Listen is the HTTP API's address.
 	Listen string
@@ -63,8 +56,9 @@ type Config struct {
 	// descriptors joined (rules.Options.MergeDomains).
 	MergeDomains bool
 	// BoundedWait is how long a check that bounded limits denied waits for
-	// allowance on its way to this PoP (pop.Engine.UseAllowanceWait); 0:
-	// it does not wait. Negative is an error.
+	// allowance on its way to this PoP (pop.Engine.UseAllowanceWait;
+	// pop.DefaultBoundedWait is edgelimit pop's default); 0: it does not
+	// wait. Negative is an error.
 	BoundedWait time.Duration
 	// CountDeniedHits makes pop-scope limits count denied hits, as Envoy's
 	// ratelimit does (pop.Engine.SetCountDenied).

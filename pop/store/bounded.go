@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"slices"
+	"strings"
 	"unsafe"
 
 	"github.com/edgelimit/edgelimit/crdt"
@@ -48,6 +49,9 @@ type bounded struct {
 	// the next escrow counters or news are applied: gives, or a watermark
 	// that shrinks P̂, may have made room.
 	arrived chan struct{}
+	// waiting holds, per key, the hits of the checks waiting on arrived:
+	// together they wait only for what is coming.
+	waiting map[string]int64
 }
 
 // closed is a channel closed from the start: room is there already.
@@ -55,19 +59,26 @@ var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c
 
 // awaits returns a channel that is closed when waiting may let hits of the
 // denied bounded item it be admitted — at once when there is room already —
-// or nil when waiting brings nothing: no other PoP holds allowance it does
-// not need (escrow.Ledger.Awaits).
+// or nil when waiting brings nothing: what is coming to this PoP
+// (escrow.Ledger.Coming) does not cover the hits beside those of the checks
+// already waiting for the key since the last news.
 func (b *bounded) awaits(it *limit.Item, now, hits int64) <-chan struct{} {
 	l, key, sp := b.ledger(it.Scope), borrowKey(it), escrowSpec(&it.Spec)
-	if _, room := l.Decide(now, key, sp, 0); room >= hits && hits > 0 {
+	if hits <= 0 {
+		return nil
+	}
+	if _, room := l.Decide(now, key, sp, 0); room >= hits {
 		return closed
 	}
-	if !l.Awaits(now, key, sp, hits) {
+	waiting := b.waiting[key]
+	if l.Coming(now, key, sp) < waiting+hits {
 		return nil
 	}
 	if b.arrived == nil {
 		b.arrived = make(chan struct{})
+		b.waiting = make(map[string]int64)
 	}
+	b.waiting[strings.Clone(key)] = waiting + hits
 	return b.arrived
 }
 
@@ -125,7 +136,7 @@ func (b *bounded) state(it *limit.Item, now int64) limit.State {
 
 // settle counts a bounded item's hits once the request is decided: its
 // admission when the request is admitted and it allowed it, its demand
-// alone otherwise. It returns whether the hits were counted as admitted.
+// alone otherwise (once per check: not when it is decided Again). It returns whether the hits were counted as admitted.
 func (b *bounded) settle(it *limit.Item, now, hits int64, admitted bool) bool {
 	l, key, sp := b.ledger(it.Scope), borrowKey(it), escrowSpec(&it.Spec)
 	if admitted {
@@ -134,7 +145,7 @@ func (b *bounded) settle(it *limit.Item, now, hits int64, admitted bool) bool {
 		}
 		return false // not reached: nothing moved between the peek and now, under the lock
 	}
-	if hits <= it.Spec.Limit {
+	if hits <= it.Spec.Limit && !it.Again {
 		// More hits than the limit never fit anywhere: no allowance can
 		// serve them, so they are no demand (and the engine peeks so).
 		l.Request(now, key, sp, hits)
@@ -233,8 +244,8 @@ func (b *bounded) apply(slots []crdt.Slot, sent int64) (rest []crdt.Slot, wanted
 	join(b.region, region)
 	join(b.global, global)
 	if b.arrived != nil {
-		close(b.arrived)
-		b.arrived = nil
+		close(b.arrived) // the waiting checks are decided again, and wait again if they may
+		b.arrived, b.waiting = nil, nil
 	}
 	// Both: each call also clears its ledger's signal.
 	wr, wg := b.region.Wanted(), b.global.Wanted()

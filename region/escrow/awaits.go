@@ -1,79 +1,74 @@
 package escrow
 
-// Awaits reports whether a check of hits on key at now that this replica
-// cannot admit may be admitted by waiting a little: either there is room for
-// hits already (news arrived since the check), or another replica is about
-// to give this replica allowance of the current window.
+// Coming is how many hits of key this replica may admit at now, counting
+// the allowance that is about to reach it: its room now, plus what its part
+// of the others' gives would add. A caller whose check this replica denied
+// may wait for a give when Coming covers the check's hits (and the hits of
+// the checks already waiting), and need not wait when it does not.
 //
 // A give is about to come when, by the demand every replica has published
 // (this replica's own requests included, which Decide and Request counted
 // when it denied), this replica holds less than its target, and the other
-// replicas heard from within the window hold, beyond their own targets plus
-// the band and beyond what they used, enough that this replica's part of it
-// — Rebalance splits a give in proportion to the deficits — is worth the
-// hits: what Rebalance makes them give once they hear this demand. Dust
-// (less than the hits, such as the fractions of a hit each replica's
-// rounding leaves unused) is not worth waiting for. The estimate of the other
-// replica's fraction is this ledger's (start share plus the gives heard to it
-// minus its gives heard), so it may be stale by the news in flight; Awaits
-// only steers how long a caller waits, and no decision depends on it. A key
-// this replica has no entry for in the current window awaits nothing.
+// replicas heard from within the window hold more than their own targets
+// plus the band, beyond what they used: what Rebalance makes them give once
+// they hear this demand, split in proportion to the deficits of the
+// replicas below their targets, of which this replica's is one. The others'
+// fractions and counts are this ledger's view (start share plus the gives
+// heard to them minus their gives heard; their counts as heard), so the
+// figure may be stale by the news in flight: Coming only steers how long a
+// caller waits, and no decision depends on it. A key this replica has no
+// entry for in the current window has nothing coming.
 //
 // It changes no state but the scratch slices Rebalance also uses, and costs
 // O(N) like a sliding window's Decide.
-func (l *Ledger) Awaits(now int64, key string, spec Spec, hits int64) bool {
-	if hits <= 0 || spec.Validate() != nil || uint64(hits) > uint64(spec.Limit) {
-		return false
+func (l *Ledger) Coming(now int64, key string, spec Spec) int64 {
+	if spec.Validate() != nil {
+		return 0
 	}
 	now = l.clock(now)
 	cur := windowStart(now, spec.Window)
 	e := l.entries[entryKey{key, cur}]
 	if e == nil {
-		return false
+		return 0
 	}
 	d, x := l.room(e, now)
-	if f := l.held(e); mulDiv(f, x, d) >= addSat(l.ownUsed(e), uint64(hits)) {
-		return true // room already: retry now
-	}
+	f, used := l.held(e), l.ownUsed(e)
 	if x == 0 {
-		return false // the previous window fills this one: no give makes room
+		return 0 // the previous window fills this one: no give makes room
 	}
 	l.targets(now, key, spec, cur) // sets l.demand
 	var sum uint64
 	for _, dk := range l.demand {
 		sum = addSat(sum, dk)
 	}
-	if sum == 0 || l.demand[l.self] == 0 {
-		return false
-	}
-	lim := uint64(spec.Limit)
-	var spare, short, mine uint64 // others' unused excess; every replica's and this one's deficit
-	for k := range l.names {
-		target := mulDiv(l.scale, l.demand[k], sum)
-		f := l.held(e)
-		if k != l.self {
-			if l.alive[k] < now-spec.Window {
-				continue // a replica not heard from in a window gives nothing
+	if sum > 0 && l.demand[l.self] > 0 {
+		lim := uint64(spec.Limit)
+		var spare, short, mine uint64 // others' excess; every replica's and this one's deficit
+		for k := range l.names {
+			target := mulDiv(l.scale, l.demand[k], sum)
+			fk := f
+			if k != l.self {
+				if l.alive[k] < now-spec.Window {
+					continue // a replica not heard from in a window gives nothing
+				}
+				fk = l.estimate(e, k, cur)
 			}
-			f = l.estimate(e, k, cur)
-		}
-		if f < target {
-			short = addSat(short, target-f)
-			if k == l.self {
-				mine = target - f
+			if fk < target {
+				short = addSat(short, target-fk)
+				if k == l.self {
+					mine = target - fk
+				}
+				continue
 			}
-			continue
+			if k == l.self || fk <= addSat(target, l.band) {
+				continue
+			}
+			usedK := mulDivCeil(e.count[k], l.scale, lim) // what its count needs of a fixed window, at least
+			spare = addSat(spare, subSat(fk, max(target, usedK)))
 		}
-		if k == l.self || f <= addSat(target, l.band) {
-			continue
+		if mine > 0 {
+			f = addSat(f, mulDiv(spare, mine, short))
 		}
-		used := mulDivCeil(e.count[k], l.scale, lim) // what its count needs of a fixed window, at least
-		spare = addSat(spare, subSat(f, max(target, used)))
 	}
-	if mine == 0 {
-		return false // this replica holds its share of the demand already
-	}
-	// Givers split what they give in proportion to the deficits; this
-	// replica's part must make room for the hits.
-	return mulDiv(spare, mine, short) >= mulDivCeil(uint64(hits), l.scale, lim)
+	return int64(subSat(mulDiv(min(f, l.scale), x, d), used))
 }
