@@ -175,6 +175,13 @@ func TestComposeFile(t *testing.T) {
 					t.Errorf("%s: %s uses $%s, which the service's environment does not set", name, conf, v)
 				}
 			}
+			// What the config includes (the accounts; a leaf region's
+			// leaf-remote.conf) is mounted beside it.
+			for _, inc := range regexp.MustCompile(`(?m)^\s*include\s+(\S+)`).FindAllSubmatch(text, -1) {
+				if _, ok := m["/etc/nats/"+string(inc[1])]; !ok {
+					t.Errorf("%s: %s includes %s, which no volume mounts at /etc/nats/%s", name, conf, inc[1], inc[1])
+				}
+			}
 			if dir := regexp.MustCompile(`store_dir: (\S+)`).FindSubmatch(text); dir == nil || !slices.ContainsFunc(slices.Collect(maps.Keys(m)), func(dst string) bool {
 				return strings.HasPrefix(string(dir[1]), dst+"/")
 			}) {

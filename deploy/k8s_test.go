@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -50,6 +51,12 @@ type k8sObject struct {
 				Volumes    []struct {
 					Name      string
 					ConfigMap *struct{ Name string } `yaml:"configMap"`
+					Projected *struct {
+						Sources []struct {
+							ConfigMap *struct{ Name string } `yaml:"configMap"`
+							Secret    *struct{ Name string } `yaml:"secret"`
+						}
+					}
 				}
 			}
 		}
@@ -148,6 +155,7 @@ func TestK8sManifests(t *testing.T) {
 	flags := popFlags(t)
 	objs := renderK8s(t)
 	configMaps := map[string]map[string]string{} // generated name prefix → data
+	secrets := map[string]map[string]string{}    // the same, of Secrets
 	sets := map[string]k8sObject{}
 	services := map[string]k8sObject{}
 	for _, o := range objs {
@@ -155,6 +163,8 @@ func TestK8sManifests(t *testing.T) {
 		case "ConfigMap":
 			base := regexp.MustCompile(`-[a-z0-9]{10}$`).ReplaceAllString(o.Metadata.Name, "")
 			configMaps[base] = o.Data
+		case "Secret":
+			secrets[regexp.MustCompile(`-[a-z0-9]{10}$`).ReplaceAllString(o.Metadata.Name, "")] = o.Data
 		case "StatefulSet":
 			sets[o.Metadata.Name] = o
 		case "Service":
@@ -197,6 +207,32 @@ func TestK8sManifests(t *testing.T) {
 		return "", "", ""
 	}
 	cmBase := func(n string) string { return regexp.MustCompile(`-[a-z0-9]{10}$`).ReplaceAllString(n, "") }
+	// holds says whether a volume mounted in c holds the file p: the
+	// deepest mount over it, a ConfigMap or a projection of ConfigMaps and
+	// Secrets with that key.
+	holds := func(o k8sObject, c k8sContainer, p string) bool {
+		best, rest := "", ""
+		for _, m := range c.VolumeMounts {
+			if strings.HasPrefix(p, m.MountPath+"/") && len(m.MountPath) > len(best) {
+				best, rest = m.Name, strings.TrimPrefix(p, m.MountPath+"/")
+			}
+		}
+		for _, v := range o.Spec.Template.Spec.Volumes {
+			switch {
+			case v.Name != best:
+			case v.ConfigMap != nil:
+				return configMaps[cmBase(v.ConfigMap.Name)][rest] != ""
+			case v.Projected != nil:
+				for _, src := range v.Projected.Sources {
+					if (src.ConfigMap != nil && configMaps[cmBase(src.ConfigMap.Name)][rest] != "") ||
+						(src.Secret != nil && secrets[cmBase(src.Secret.Name)][rest] != "") {
+						return true
+					}
+				}
+			}
+		}
+		return false
+	}
 	// pod says whether host (pod.service) is a pod of a StatefulSet here.
 	pod := func(host string) (k8sObject, bool) {
 		name, svc, ok := strings.Cut(host, ".")
@@ -303,6 +339,13 @@ func TestK8sManifests(t *testing.T) {
 				}
 				if err := lab.CheckEnv(file, conf, set); err != nil {
 					t.Errorf("%s: %v", name, err)
+				}
+				// What the config includes (the accounts; a leaf region's
+				// leaf-remote.conf) is mounted beside it.
+				for _, inc := range regexp.MustCompile(`(?m)^\s*include\s+(\S+)`).FindAllStringSubmatch(conf, -1) {
+					if !holds(o, c, path.Join(path.Dir(c.Args[1]), inc[1])) {
+						t.Errorf("%s: %s includes %s, which no volume of the pod holds", name, file, inc[1])
+					}
 				}
 				for _, m := range regexp.MustCompile(`listen: 0\.0\.0\.0:(\d+)`).FindAllStringSubmatch(conf, -1) {
 					if p, _ := strconv.Atoi(m[1]); !hasPort(c, p) {

@@ -117,7 +117,7 @@ func startRegion(t *testing.T, conf, region string, hub []*natsServer, keys stri
 		for i, o := range servers {
 			env = append(env, fmt.Sprintf("NATS_ROUTE_%d=nats-route://127.0.0.1:%d", i+1, o.route))
 		}
-		hubKey, leafSeed, err := lab.LeafEnv(keys)
+		hubKey, err := lab.LeafEnv(keys)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -125,7 +125,10 @@ func startRegion(t *testing.T, conf, region string, hub []*natsServer, keys stri
 			pairs = append(pairs, "listen: 0.0.0.0:7422", fmt.Sprintf("listen: 127.0.0.1:%d", s.lf))
 			env = append(env, hubKey)
 		} else {
-			env = append(env, leafSeed,
+			if err := lab.LeafRemote(keys, dir); err != nil { // keys/leaf-remote.conf beside the file
+				t.Fatal(err)
+			}
+			env = append(env,
 				fmt.Sprintf("EDGELIMIT_HUB_URL=nats-leaf://127.0.0.1:%d", hub[0].lf),
 				fmt.Sprintf("EDGELIMIT_HUB_URL_2=nats-leaf://127.0.0.1:%d", hub[1].lf),
 				fmt.Sprintf("EDGELIMIT_HUB_URL_3=nats-leaf://127.0.0.1:%d", hub[2].lf))
@@ -232,8 +235,9 @@ func waitSourced(t *testing.T, s *natsServer, region string, since time.Time) {
 
 // TestNATSConfigsLinkRegions runs deploy/nats/hub-region.conf (region eu)
 // and leaf-region.conf (region us) as an operator would — three nats-server
-// processes per region, of the version go.mod names, secrets and the leaf
-// links' nkey (natsconf's keys/leaf.nk) from the environment — with the hub
+// processes per region, of the version go.mod names, secrets from the
+// environment, the leaf links' seed from natsconf's keys/leaf-remote.conf
+// beside the leaf regions' config, which includes it — with the hub
 // server named in EDGELIMIT_HUB_URL stopped (SIGTERM) before the leaves
 // start, so that they must log in to the other hub servers; the leaf links
 // run over TLS (the files' tls

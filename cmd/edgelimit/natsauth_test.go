@@ -44,6 +44,16 @@ func TestNatsconf(t *testing.T) {
 	if pub := strings.TrimSpace(string(leafPub)); pub == "" || !strings.Contains(string(authorized), "\n_leaf "+pub+"\n") {
 		t.Errorf("leaf.pub %q is not the _leaf key of authorized_keys:\n%s", leafPub, authorized)
 	}
+	// leaf-remote.conf is leaf.nk's seed as a leaf remote's nkey setting,
+	// a secret like leaf.nk.
+	leafSeed, _ := os.ReadFile(filepath.Join(dir, "leaf.nk"))
+	remote, err := os.ReadFile(filepath.Join(dir, "leaf-remote.conf"))
+	if err != nil || !strings.Contains(string(remote), "\nnkey: "+strings.TrimSpace(string(leafSeed))+"\n") {
+		t.Errorf("leaf-remote.conf (%v) does not set nkey to leaf.nk's seed:\n%s", err, remote)
+	}
+	if st, err := os.Stat(filepath.Join(dir, "leaf-remote.conf")); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("leaf-remote.conf: %v, want mode 0600", err)
+	}
 	// No PoP may administer a stream: only the operator's key has the
 	// JetStream API beyond creating its region's stream.
 	for _, line := range strings.Split(string(conf), "\n") {

@@ -27,9 +27,11 @@ each PoP may publish only its own subjects:
                                (--nats-admin-nkey, for PoPs on external NATS servers); keep it
                                off the PoPs otherwise
   DIR/leaf.nk                  the leaf links' seed: a leaf region's NATS server logs in with
-                               it at the hub (embedded: --nats-leaf-nkey; deploy/nats: its
-                               content as EDGELIMIT_LEAF_SEED); it relays every subject, so only
-                               the leaf regions' servers (or the PoPs that run them) hold it
+                               it at the hub (embedded: --nats-leaf-nkey); it relays every
+                               subject, so only the leaf regions' servers (or the PoPs that run
+                               them) hold it
+  DIR/leaf-remote.conf         the same seed as a nats-server setting (nkey: SU…, mode 0600):
+                               deploy/nats/leaf-region.conf's remote includes it from keys/
   DIR/leaf.pub                 leaf.nk's public key, which the hub's nats-servers let in
                                (deploy/nats: EDGELIMIT_LEAF_NKEY)
   DIR/authorized_keys          "<pop> <public nkey>" lines, and "_admin" and "_leaf" ones, for
@@ -104,6 +106,9 @@ func runNatsconf(args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(&authorized, "%s %s\n", user, pub)
 	}
+	if err := writeLeafRemote(dir, stdout); err != nil {
+		return err
+	}
 	command := "edgelimit natsconf --topology '" + topo + "'"
 	for name, data := range map[string][]byte{
 		"authorized_keys":         []byte(authorized.String()),
@@ -115,6 +120,38 @@ func runNatsconf(args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "wrote %s\n", filepath.Join(dir, name))
 	}
+	return nil
+}
+
+// writeLeafRemote writes dir/leaf-remote.conf, leaf.nk's seed as the nkey
+// of a nats-server leaf remote, mode 0600: a remote takes its nkey only as
+// the seed itself, and an include keeps it out of the environment and of the
+// configuration the servers share.
+func writeLeafRemote(dir string, stdout io.Writer) error {
+	raw, err := os.ReadFile(filepath.Join(dir, "leaf.nk"))
+	if err != nil {
+		return err
+	}
+	kp, err := nkeys.ParseDecoratedNKey(raw)
+	if err != nil {
+		return fmt.Errorf("%s: %w", filepath.Join(dir, "leaf.nk"), err)
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		return err
+	}
+	file := filepath.Join(dir, "leaf-remote.conf")
+	text := "# The leaf links' nkey seed (leaf.nk), written by edgelimit natsconf: a leaf region's\n" +
+		"# nats-servers include it in their leaf remote (deploy/nats/leaf-region.conf). A secret:\n" +
+		"# only those servers hold it.\n" +
+		"nkey: " + string(seed) + "\n"
+	if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+		return err
+	}
+	if err := os.Chmod(file, 0o600); err != nil { // WriteFile keeps an existing file's mode
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %s\n", file)
 	return nil
 }
 

@@ -300,7 +300,7 @@ func (l *lab) startNATS(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	hubKey, leafSeed, err := LeafEnv(l.keysDir())
+	hubKey, err := LeafEnv(l.keysDir())
 	if err != nil {
 		return err
 	}
@@ -339,7 +339,10 @@ func (l *lab) startNATS(ctx context.Context) error {
 			} else {
 				// The relays on this region's wan address, one per hub server.
 				w := wanIP(r.Index, false)
-				env = append(env, leafSeed,
+				if err := LeafRemote(l.keysDir(), dir); err != nil {
+					return err
+				}
+				env = append(env,
 					fmt.Sprintf("EDGELIMIT_HUB_URL=nats-leaf://%s:%d", w, natsLeafPort),
 					fmt.Sprintf("EDGELIMIT_HUB_URL_2=nats-leaf://%s:%d", w, natsLeafPort+1),
 					fmt.Sprintf("EDGELIMIT_HUB_URL_3=nats-leaf://%s:%d", w, natsLeafPort+2))

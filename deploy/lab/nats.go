@@ -15,29 +15,63 @@ import (
 	"github.com/nats-io/nkeys"
 )
 
-// LeafEnv returns the environment entries that link deploy/nats's regions
-// with the leaf links' nkey that edgelimit natsconf wrote to keys, as an
-// operator sets them: the hub's EDGELIMIT_LEAF_NKEY, keys/leaf.pub, and the
-// leaf regions' EDGELIMIT_LEAF_SEED, keys/leaf.nk. It checks that the two
-// are one key.
-func LeafEnv(keys string) (hub, leaf string, err error) {
-	var text [2]string
-	for i, name := range []string{"leaf.pub", "leaf.nk"} {
-		b, err := os.ReadFile(filepath.Join(keys, name))
-		if err != nil {
-			return "", "", err
-		}
-		text[i] = strings.TrimSpace(string(b))
-	}
-	pub, seed := text[0], text[1]
-	kp, err := nkeys.FromSeed([]byte(seed))
+// LeafEnv returns the environment entry of the hub region's servers that
+// lets the leaf links in, as an operator sets it: EDGELIMIT_LEAF_NKEY, the
+// public key edgelimit natsconf wrote to keys/leaf.pub. It checks that
+// leaf.pub is the public key of keys/leaf.nk. The leaf regions' servers
+// take the seed from a file instead (LeafRemote).
+func LeafEnv(keys string) (hub string, err error) {
+	pub, err := os.ReadFile(filepath.Join(keys, "leaf.pub"))
 	if err != nil {
-		return "", "", fmt.Errorf("%s: %w", filepath.Join(keys, "leaf.nk"), err)
+		return "", err
 	}
-	if p, err := kp.PublicKey(); err != nil || p != pub {
-		return "", "", fmt.Errorf("%s does not hold leaf.nk's public key (%s, %v)", filepath.Join(keys, "leaf.pub"), p, err)
+	kp, err := leafKey(keys)
+	if err != nil {
+		return "", err
 	}
-	return "EDGELIMIT_LEAF_NKEY=" + pub, "EDGELIMIT_LEAF_SEED=" + seed, nil
+	if p, err := kp.PublicKey(); err != nil || p != strings.TrimSpace(string(pub)) {
+		return "", fmt.Errorf("%s does not hold leaf.nk's public key (%s, %v)", filepath.Join(keys, "leaf.pub"), p, err)
+	}
+	return "EDGELIMIT_LEAF_NKEY=" + strings.TrimSpace(string(pub)), nil
+}
+
+// LeafRemote puts keys/leaf-remote.conf, which edgelimit natsconf wrote,
+// into dir/keys/ with mode 0600, where deploy/nats/leaf-region.conf beside
+// it in dir includes it: the leaf links' seed, as an operator gives it to a
+// leaf region's server. It checks that the file sets leaf.nk's seed.
+func LeafRemote(keys, dir string) error {
+	text, err := os.ReadFile(filepath.Join(keys, "leaf-remote.conf"))
+	if err != nil {
+		return err
+	}
+	kp, err := leafKey(keys)
+	if err != nil {
+		return err
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		return err
+	}
+	if !strings.Contains(string(text), "\nnkey: "+string(seed)+"\n") {
+		return fmt.Errorf("%s does not set nkey to leaf.nk's seed", filepath.Join(keys, "leaf-remote.conf"))
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "keys"), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "keys", "leaf-remote.conf"), text, 0o600)
+}
+
+// leafKey reads the leaf links' nkey, keys/leaf.nk.
+func leafKey(keys string) (nkeys.KeyPair, error) {
+	b, err := os.ReadFile(filepath.Join(keys, "leaf.nk"))
+	if err != nil {
+		return nil, err
+	}
+	kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(b))))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(keys, "leaf.nk"), err)
+	}
+	return kp, nil
 }
 
 // ConfVars returns the variables ($NAME) a nats-server config uses outside

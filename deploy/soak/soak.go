@@ -325,7 +325,7 @@ func (s *soak) setup(ctx context.Context) error {
 
 	// NATS: eu is the hub, us a leaf region linked to it with natsconf's
 	// leaf.nk.
-	hubKey, leafSeed, err := lab.LeafEnv(keys)
+	hubKey, err := lab.LeafEnv(keys)
 	if err != nil {
 		return err
 	}
@@ -345,7 +345,10 @@ func (s *soak) setup(ctx context.Context) error {
 			n.env = append(n.env, hubKey)
 		} else {
 			hub := s.natsSrv["eu"].leaf
-			n.env = append(n.env, leafSeed,
+			if err := lab.LeafRemote(keys, filepath.Join(s.dir, "nats-"+region)); err != nil {
+				return err
+			}
+			n.env = append(n.env,
 				fmt.Sprintf("EDGELIMIT_HUB_URL=nats-leaf://127.0.0.1:%d", hub),
 				fmt.Sprintf("EDGELIMIT_HUB_URL_2=nats-leaf://127.0.0.1:%d", hub),
 				fmt.Sprintf("EDGELIMIT_HUB_URL_3=nats-leaf://127.0.0.1:%d", hub))
