@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -216,22 +217,40 @@ func ShapeScenario(sc simulate.Scenario, shape, c string, span time.Duration) si
 	out.Partitions = nil
 	out.Limit = simulate.Limit{RequestsPerUnit: ShapeLimit, Unit: "hour", Consistency: c}
 	span = max(span, time.Millisecond)
-	out.Duration = span + time.Second
+	lead := ShapeLead(sc)
+	out.Duration = lead + span + time.Second
 	switch shape {
 	case ShapePaced:
-		out.Sources = []simulate.Source{{Name: shape, Key: ShapeKey, Rate: PacedRate, Spread: simulate.Spray, End: PacedChecks * time.Second / PacedRate}}
+		out.Sources = []simulate.Source{{Name: shape, Key: ShapeKey, Rate: PacedRate, Spread: simulate.Spray, Start: lead, End: lead + PacedChecks*time.Second/PacedRate}}
 	case ShapeBurst:
-		out.Sources = []simulate.Source{{Name: shape, Key: ShapeKey, Rate: float64(BurstChecks) / BurstSpan.Seconds(), Spread: simulate.Spray, End: BurstSpan}}
+		out.Sources = []simulate.Source{{Name: shape, Key: ShapeKey, Rate: float64(BurstChecks) / BurstSpan.Seconds(), Spread: simulate.Spray, Start: lead, End: lead + BurstSpan}}
 	case ShapeAlternate:
 		rate := float64(AlternateChecks) / span.Seconds() / 2
 		a := sc.Regions[0].PoPs[0]
 		b := sc.Regions[min(1, len(sc.Regions)-1)].PoPs[0]
 		out.Sources = []simulate.Source{
-			{Name: shape + "-a", Key: ShapeKey, Rate: rate, Spread: simulate.Anycast, PoP: a, End: span},
-			{Name: shape + "-b", Key: ShapeKey, Rate: rate, Spread: simulate.Anycast, PoP: b, End: span},
+			{Name: shape + "-a", Key: ShapeKey, Rate: rate, Spread: simulate.Anycast, PoP: a, Start: lead, End: lead + span},
+			{Name: shape + "-b", Key: ShapeKey, Rate: rate, Spread: simulate.Anycast, PoP: b, Start: lead, End: lead + span},
 		}
 	}
 	return out
+}
+
+// ShapeLead is how long the simulator's PoPs run before a shape starts, as
+// the lab's have run when it sends one (it waits for every PoP to hear
+// every other, after the scenario): a snapshot interval, a flush and the
+// slowest link both ways, so that every PoP has had the others' snapshot.
+// A bounded sliding window counts another PoP's whole allowance of the
+// previous window as used until that PoP's snapshot says otherwise
+// (escrow's P̂); started at the first instant, the simulator's shape would
+// be judged by a window the lab's PoPs never see.
+func ShapeLead(sc simulate.Scenario) time.Duration {
+	lead := cmp.Or(sc.SnapshotInterval, 5*time.Second) + cmp.Or(sc.FlushInterval, 100*time.Millisecond)
+	var slowest time.Duration
+	for _, l := range sc.Latency {
+		slowest = max(slowest, time.Duration((l.Ms+2*l.JitterMs)*float64(time.Millisecond)))
+	}
+	return lead + 2*slowest
 }
 
 // decide sends one check of the shapes' key with value shape to h and

@@ -10,8 +10,9 @@ import (
 
 // TestShapeScenario: the simulator's copy of each shape is that shape on
 // the scenario's network, on the shapes' limit, and nothing of the
-// scenario's own traffic or cuts; the alternating client's rate is the
-// lab's measured one.
+// scenario's own traffic or cuts, starting once every PoP has had the
+// others' snapshot (ShapeLead); the alternating client's rate is the lab's
+// measured one.
 func TestShapeScenario(t *testing.T) {
 	sc := loadScenario(t, "partition.yaml")
 	for _, c := range []struct {
@@ -27,18 +28,22 @@ func TestShapeScenario(t *testing.T) {
 		}},
 	} {
 		s := ShapeScenario(sc, c.shape, "bounded", c.span)
+		lead := ShapeLead(sc)
+		for i := range c.sources {
+			c.sources[i].Start, c.sources[i].End = lead, lead+c.sources[i].End
+		}
 		if s.Limit.RequestsPerUnit != ShapeLimit || s.Limit.Unit != "hour" || s.Limit.Consistency != "bounded" {
 			t.Errorf("%s: limit %+v, want %d per hour, bounded", c.shape, s.Limit, ShapeLimit)
 		}
-		if len(s.Partitions) != 0 || s.Duration != c.span+time.Second || len(s.Latency) != len(sc.Latency) {
-			t.Errorf("%s: partitions %v, duration %v, %d links; want none, %v, the scenario's %d", c.shape, s.Partitions, s.Duration, len(s.Latency), c.span+time.Second, len(sc.Latency))
+		if len(s.Partitions) != 0 || s.Duration != lead+c.span+time.Second || len(s.Latency) != len(sc.Latency) {
+			t.Errorf("%s: partitions %v, duration %v, %d links; want none, %v, the scenario's %d", c.shape, s.Partitions, s.Duration, len(s.Latency), lead+c.span+time.Second, len(sc.Latency))
 		}
 		if len(s.Sources) != len(c.sources) {
 			t.Fatalf("%s: sources %+v, want %+v", c.shape, s.Sources, c.sources)
 		}
 		for i, w := range c.sources {
 			g := s.Sources[i]
-			if g.Name != w.Name || g.Key != w.Key || math.Abs(g.Rate-w.Rate) > 1e-9 || g.Spread != w.Spread || g.PoP != w.PoP || g.End != w.End {
+			if g.Name != w.Name || g.Key != w.Key || math.Abs(g.Rate-w.Rate) > 1e-9 || g.Spread != w.Spread || g.PoP != w.PoP || g.Start != w.Start || g.End != w.End {
 				t.Errorf("%s: source %+v, want %+v", c.shape, g, w)
 			}
 		}
