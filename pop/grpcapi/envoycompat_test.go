@@ -175,3 +175,39 @@ func BenchmarkShouldRateLimitProfile(b *testing.B) {
 		})
 	}
 }
+
+// With Envoy's ratelimit's settings current_limit carries a name only where
+// the rule gives one, and none for a descriptor with its own limit, as the
+// peer answers (its integration test compares whole responses); without
+// them every limit is named.
+func TestEnvoyCompatNames(t *testing.T) {
+	const text = `domain: api
+descriptors:
+  - key: named
+    rate_limit: {unit: minute, requests_per_unit: 5, name: gold}
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 5}
+`
+	over := desc("named", "b")
+	over.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 9, Unit: typev3.RateLimitUnit_HOUR}
+	r := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("named", "a"), desc("plain", "a"), over}}
+	names := func(resp *rlsv3.RateLimitResponse) []string {
+		var out []string
+		for _, st := range resp.GetStatuses() {
+			out = append(out, st.GetCurrentLimit().GetName())
+		}
+		return out
+	}
+	f := start(t, func(c *Config) { c.EnvoyCompat = true })
+	f.engine.SetRules(loadText(t, text))
+	if got, want := names(check(t, f, r)), []string{"gold", "", ""}; !reflect.DeepEqual(got, want) {
+		t.Errorf("with the profile: names %q, want %q", got, want)
+	}
+	g := start(t)
+	g.engine.SetRules(loadText(t, text))
+	for i, n := range names(check(t, g, r)) {
+		if n == "" {
+			t.Errorf("without the profile: status %d has no name", i)
+		}
+	}
+}

@@ -99,8 +99,9 @@ type Config struct {
 	DynamicMetadata bool
 	// EnvoyCompat answers as Envoy's ratelimit where edgelimit otherwise
 	// differs on purpose: a malformed request fails with codes.Unknown (not
-	// InvalidArgument), and /json keeps response_headers_to_add in its body
-	// (not as HTTP headers).
+	// InvalidArgument), /json keeps response_headers_to_add in its body
+	// (not as HTTP headers), and current_limit names a limit only by the
+	// name its rule gives it (envoyNames).
 	EnvoyCompat bool
 }
 
@@ -380,7 +381,27 @@ func (c *Config) response(now time.Time, in *rlsv3.RateLimitRequest, res *pop.Re
 	if c.DynamicMetadata {
 		r.DynamicMetadata = dynamicMetadata(in, res)
 	}
+	if c.EnvoyCompat {
+		envoyNames(in, res, r)
+	}
 	return r
+}
+
+// envoyNames gives each status's current_limit the name Envoy's ratelimit
+// gives it: the rule's configured name, and none when the rule names the
+// limit only by its descriptor path or the descriptor carries a limit of its
+// own (an override). The headers keep edgelimit's names.
+func envoyNames(in *rlsv3.RateLimitRequest, res *pop.Result, r *rlsv3.RateLimitResponse) {
+	for i, ds := range r.GetStatuses() {
+		if ds.GetCurrentLimit() == nil || i >= len(res.Statuses) || res.Statuses[i].Limit == nil {
+			continue
+		}
+		name := res.Statuses[i].Limit.ConfiguredName()
+		if i < len(in.GetDescriptors()) && in.GetDescriptors()[i].GetLimit() != nil {
+			name = ""
+		}
+		ds.CurrentLimit.Name = name
+	}
 }
 
 // reply renders res, decided at now, with the rate limit fields of headers.

@@ -172,6 +172,10 @@ type Limit struct {
 	replaces   []string // names of the limits it replaces, until resolved
 }
 
+// ConfiguredName is the name the rule file gave the limit (rate_limit.name),
+// "" when Name is derived from the descriptor path.
+func (l *Limit) ConfiguredName() string { return l.configured }
+
 // Window is the limit's window: its unit times its multiplier.
 func (l *Limit) Window() time.Duration {
 	return l.Unit.Duration() * time.Duration(max(l.Multiplier, 1))
