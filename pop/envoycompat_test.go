@@ -226,7 +226,8 @@ func TestOverrideAlgorithm(t *testing.T) {
 // too, as Envoy's ratelimit counts every descriptor's: when they count other
 // hits than the denying one (a descriptor's own hits_addend) and when a key
 // named twice makes them count other hits (the peer's f2fb157 answers b's
-// remaining 7 after the second request below, and 6 after the third).
+// remaining 7 after the second request below, and 6 after the third), and a
+// key named twice after the denying one.
 func TestCountDeniedAfterTheDenial(t *testing.T) {
 	const text = `domain: api
 descriptors:
@@ -271,6 +272,21 @@ descriptors:
 		}
 		if got := remaining(t, e, "b"); got != 6 {
 			t.Errorf("b's remaining after 1+2+1 hits = %d, want 6", got)
+		}
+	})
+	t.Run("a key twice after the denial", func(t *testing.T) {
+		e := profileEngine(t, rules.Options{}, text, nil)
+		e.SetCountDenied(true)
+		var res Result
+		if err := e.CheckAt(ctx, t0, req(9, []string{"b", "x"}), &res); err != nil || res.Code != OK {
+			t.Fatalf("1st: %v %+v", err, res)
+		}
+		r := req(2, []string{"b", "x"}, []string{"a", "x"}, []string{"a", "x"})
+		if err := e.CheckAt(ctx, t0, r, &res); err != nil || res.Code != OverLimit || res.Statuses[1].Remaining != 3 || res.Statuses[2].Remaining != 1 {
+			t.Fatalf("2nd, b over: %v %+v, want OVER_LIMIT and a's remaining 3 and 1", err, res)
+		}
+		if got := remaining(t, e, "a"); got != 0 {
+			t.Errorf("a's remaining after 2+2+1 hits = %d, want 0", got)
 		}
 	})
 }
