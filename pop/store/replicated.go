@@ -183,6 +183,7 @@ func (r *replicated) state(it *limit.Item, now int64) limit.State {
 			if rh := u.nearOf(key); rh != nil && settles(it) {
 				st.Unheard = max(st.Unheard+r.settle(u, rh, ho, hr, it.Spec.Limit, start, w, now, in), 0)
 			}
+			st.Unheard = estimate.Whole(st.Unheard)
 		}
 	}
 	return st

@@ -1,6 +1,9 @@
 package estimate
 
-import "slices"
+import (
+	"math"
+	"slices"
+)
 
 // Key is this PoP's side of the estimate of one key at an instant: the
 // instant, the key's current window, and what this PoP itself admitted of
@@ -309,3 +312,13 @@ func newPace(rh *Recent, ownPrev uint64, start, now int64) float64 {
 func ownSliding(own, ownPrev uint64, weight float64) float64 {
 	return float64(ownPrev)*weight + float64(own)
 }
+
+// Whole is an estimate of unheard hits as a decision takes it: to the
+// nearest whole hit. Hits are admitted whole, so a guess of a fraction of
+// one is the chance that one was admitted, not a part of a hit. Taken as
+// it is, any fraction withheld a limit's last hit for as long as any rate
+// was guessed — on a limit of an hour, the whole hour after a client paused
+// one hit short of it, at every PoP, while every replica's news said it
+// admitted nothing more. Rounded, a guess counts once it stands for half a
+// hit or more.
+func Whole(unheard float64) float64 { return math.Round(unheard) }
