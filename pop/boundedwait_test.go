@@ -174,3 +174,44 @@ func TestBoundedCheckWaitsForAllowance(t *testing.T) {
 		t.Fatalf("a's denied decisions %v, want 1 (the wait's first denial is not a decision)", d)
 	}
 }
+
+// A check whose caller gives up soon does not wait past what lets its
+// answer arrive: behind Envoy's filter (20 ms by default, failing open), a
+// denial that came after the caller gave up would let the request through
+// uncounted.
+func TestBoundedWaitWithinTheCallersDeadline(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	eng, st := boundedPair(t, reg)
+	now := t0.Add(10 * time.Second)
+	exchange(now.UnixNano(), (*store.Memory).OwnAt, st)
+	r := req(1, []string{"k", "client"})
+	r.Domain = "d"
+	var res Result
+	for range 5 {
+		if err := eng[0].CheckAt(context.Background(), now, r, &res); err != nil || res.Code != OK {
+			t.Fatalf("a's half: %v, %v", res.Code, err)
+		}
+	}
+	// b holds five it does not need, but no give ever comes (nothing is
+	// exchanged): a check with 1 ms left does not wait at all.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	if err := eng[0].CheckAt(ctx, now, r, &res); err != nil || res.Code != OverLimit {
+		t.Fatalf("with 1 ms left: %v, %v; want OVER_LIMIT at once", res.Code, err)
+	}
+	if n := waits(t, reg, "admitted") + waits(t, reg, "denied"); n != 0 {
+		t.Fatalf("a check with 1 ms left waited (%d waits recorded)", n)
+	}
+	// With 2 s left it waits, and answers before the deadline.
+	ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := eng[0].CheckAt(ctx, now, r, &res); err != nil || res.Code != OverLimit {
+		t.Fatalf("with 2 s left and no give: %v, %v; want OVER_LIMIT", res.Code, err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the check answered after its caller's deadline")
+	}
+	if n := waits(t, reg, "denied"); n != 1 {
+		t.Fatalf("%d waits ended denied, want the one that waited for b's give", n)
+	}
+}

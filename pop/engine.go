@@ -386,9 +386,10 @@ func (e *Engine) CheckAt(ctx context.Context, now time.Time, req *Request, res *
 
 // check is CheckAt, with the request's concurrency limits when leases.
 func (e *Engine) check(ctx context.Context, now time.Time, req *Request, res *Result, leases bool) error {
-	err := e.decideRequest(ctx, now, req, res, leases, e.awaitMax > 0, false)
+	wait := e.waitBudget(ctx)
+	err := e.decideRequest(ctx, now, req, res, leases, wait > 0, false)
 	if err == nil && res.await != nil {
-		err = e.awaitAllowance(ctx, now, req, res, leases)
+		err = e.awaitAllowance(ctx, now, wait, req, res, leases)
 	}
 	if err == nil && res.Code == OverLimit && e.shadow.Load() {
 		e.shadowAnswer(res)
@@ -412,14 +413,34 @@ func (e *Engine) DecideAt(ctx context.Context, now time.Time, req *Request, res 
 	return res.await, err
 }
 
+// waitBudget is how long a check under ctx may wait for bounded allowance:
+// UseAllowanceWait's max, but no closer to ctx's deadline than a quarter of
+// the time left, and at least answerMargin. A client that stops waiting
+// first — Envoy's rate limit filter gives up after 20 ms by default and,
+// failing open, lets the request through — would take an admission past a
+// bounded limit for a check this PoP then denies; so the wait ends while
+// the answer can still reach it.
+func (e *Engine) waitBudget(ctx context.Context) time.Duration {
+	wait := e.awaitMax
+	if dl, ok := ctx.Deadline(); ok && wait > 0 {
+		left := time.Until(dl)
+		wait = min(wait, left-max(left/4, answerMargin))
+	}
+	return max(wait, 0)
+}
+
+// answerMargin is the least time waitBudget leaves a check to answer in
+// before its deadline.
+const answerMargin = 2 * time.Millisecond
+
 // awaitAllowance decides req again each time res.await says allowance
 // may have arrived, until it is admitted, nothing more is on its way, or
-// awaitMax has passed since now, when it decides it a last time. The retries
+// wait has passed since now, when it decides it a last time. The retries
 // decide at now plus the time waited.
-func (e *Engine) awaitAllowance(ctx context.Context, now time.Time, req *Request, res *Result, leases bool) error {
+func (e *Engine) awaitAllowance(ctx context.Context, now time.Time, wait time.Duration, req *Request, res *Result, leases bool) error {
 	begun := time.Now()
 	e.metrics.waitBegins()
-	timer := time.NewTimer(e.awaitMax)
+	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for res.await != nil {
 		last := false
