@@ -18,8 +18,15 @@ import (
 // first engine waits for allowance (UseAllowanceWait) and reports to reg.
 func boundedPair(t *testing.T, reg prometheus.Registerer) (engines [2]*Engine, stores [2]*store.Memory) {
 	t.Helper()
+	return boundedPairWith(t, reg, "")
+}
+
+// boundedPairWith is boundedPair with more rules: extra is appended to the
+// rule file's descriptors.
+func boundedPairWith(t *testing.T, reg prometheus.Registerer, extra string) (engines [2]*Engine, stores [2]*store.Memory) {
+	t.Helper()
 	p := filepath.Join(t.TempDir(), "r.yaml")
-	file := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10, scope: global, consistency: bounded}\n"
+	file := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10, scope: global, consistency: bounded}\n" + extra
 	if err := os.WriteFile(p, []byte(file), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -213,5 +220,33 @@ func TestBoundedWaitWithinTheCallersDeadline(t *testing.T) {
 	}
 	if n := waits(t, reg, "denied"); n != 1 {
 		t.Fatalf("%d waits ended denied, want the one that waited for b's give", n)
+	}
+}
+
+// A request whose denial spent something does not wait: deciding it again
+// would spend it twice. Here a pop-scope limit counts denied hits (Envoy's
+// way, SetCountDenied), so a check that the bounded limit denies has
+// counted a hit there already.
+func TestBoundedWaitNotWhenTheDenialSpent(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	eng, st := boundedPairWith(t, reg, "  - key: p\n    rate_limit: {unit: hour, requests_per_unit: 100}\n")
+	eng[0].SetCountDenied(true)
+	now := t0.Add(10 * time.Second)
+	exchange(now.UnixNano(), (*store.Memory).OwnAt, st)
+	r := req(1, []string{"k", "client"}, []string{"p", "client"})
+	r.Domain = "d"
+	var res Result
+	for range 5 {
+		if err := eng[0].CheckAt(context.Background(), now, r, &res); err != nil || res.Code != OK {
+			t.Fatalf("a's half: %v, %v", res.Code, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := eng[0].CheckAt(ctx, now, r, &res); err != nil || res.Code != OverLimit {
+		t.Fatalf("the sixth: %v, %v; want OVER_LIMIT", res.Code, err)
+	}
+	if n := waits(t, reg, "admitted") + waits(t, reg, "denied"); n != 0 {
+		t.Fatalf("a request whose denial counted a hit at the pop-scope limit waited (%d waits)", n)
 	}
 }

@@ -262,9 +262,10 @@ type AllowanceWaiter interface {
 // which takes about a round trip between PoPs, and a client faster than
 // that would be denied meanwhile while within its limit. The wait happens
 // only while w says a give may come (another PoP holds allowance it does not
-// need); a client over its limit is denied at once. Only the final decision
-// is reported in the metrics. Call it before serving; the simulator does
-// not (its checks cannot wait), so its bounded figures are without waits.
+// need); a client over its limit is denied at once. Only a request whose
+// denial spent nothing waits (see deniedSpentNothing), and only its final
+// decision is reported in the metrics. Call it before serving. The
+// simulator's checks wait on its own clock (DecideAt).
 func (e *Engine) UseAllowanceWait(w AllowanceWaiter, max time.Duration) {
 	e.waiter, e.awaitMax = w, max
 }
@@ -601,7 +602,7 @@ func (e *Engine) decideRequest(ctx context.Context, now time.Time, req *Request,
 	e.settleSlots(ctx, s, res, admitted, nowNs)
 	if !admitted {
 		res.Code = OverLimit
-		if mayWait && e.waiter != nil && slotsOK {
+		if mayWait && e.waiter != nil && slotsOK && !quotaMode && s.deniedSpentNothing() {
 			res.await = e.awaitFor(s, nowNs)
 		}
 		// No bits while the region is cut off: a key over its reduced share
@@ -637,6 +638,23 @@ func (e *Engine) decideRequest(ctx context.Context, now time.Time, req *Request,
 		}
 	}
 	return nil
+}
+
+// deniedSpentNothing reports whether a denied request spent nothing, so
+// that deciding it again counts nothing twice: its items were decided in
+// one store step (the same hits for each), none counts denied hits, and no
+// repeated key was counted after the denial (countRepeated). Only such a
+// request waits for bounded allowance.
+func (s *scratch) deniedSpentNothing() bool {
+	if len(s.recount) > 0 {
+		return false
+	}
+	for i := range s.items {
+		if s.hits[i] != s.hits[0] || s.items[i].CountDenied && !s.items[i].Shadow {
+			return false
+		}
+	}
+	return true
 }
 
 // awaitFor is the channel a denied request waits on for bounded allowance
