@@ -642,15 +642,17 @@ func (e *Engine) decideRequest(ctx context.Context, now time.Time, req *Request,
 
 // deniedSpentNothing reports whether a denied request spent nothing, so
 // that deciding it again counts nothing twice: its items were decided in
-// one store step (the same hits for each), none counts denied hits, and no
-// repeated key was counted after the denial (countRepeated). Only such a
-// request waits for bounded allowance.
+// one store step (the same hits for each), none counts denied hits, none
+// is strong (its home decided on its own counter), and no repeated key was
+// counted after the denial (countRepeated). Only such a request waits for
+// bounded allowance.
 func (s *scratch) deniedSpentNothing() bool {
 	if len(s.recount) > 0 {
 		return false
 	}
 	for i := range s.items {
-		if s.hits[i] != s.hits[0] || s.items[i].CountDenied && !s.items[i].Shadow {
+		it := &s.items[i]
+		if s.hits[i] != s.hits[0] || it.CountDenied && !it.Shadow || it.Consistency == limit.Strong && it.Scope != limit.ScopePOP {
 			return false
 		}
 	}
