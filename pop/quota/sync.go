@@ -16,6 +16,9 @@ import (
 // notification came: the backstop for a lost notification.
 const DefaultPoll = 10 * time.Second
 
+// DefaultSyncTimeout is Syncer.Timeout's default.
+const DefaultSyncTimeout = 10 * time.Second
+
 // compactAfter is how long changes must be quiet before the index's delta is
 // folded into its base.
 const compactAfter = 2 * time.Second
@@ -32,8 +35,11 @@ type Syncer struct {
 	// SnapshotPath is the file of the last snapshot ("": none).
 	SnapshotPath string
 	// Poll is the backstop interval; 0 means DefaultPoll.
-	Poll   time.Duration
-	Logger *slog.Logger
+	Poll time.Duration
+	// Timeout is how long one sync waits for the store before it counts as
+	// failed (Reachable false); 0 means DefaultSyncTimeout.
+	Timeout time.Duration
+	Logger  *slog.Logger
 	// Synced, when set, is called after each sync that changed the index
 	// with the version now in force (for tests and metrics).
 	Synced func(version int64)
@@ -183,8 +189,9 @@ func (s *Syncer) save() {
 }
 
 // Run follows the store until ctx ends: a notification or the poll timer
-// triggers a sync; a failed listener is restarted after a second. It returns
-// once the listener and any snapshot write have finished.
+// triggers a sync, which fails past Timeout; a failed listener is restarted
+// with backoff (watch). It returns once the listener and any snapshot write
+// have finished.
 func (s *Syncer) Run(ctx context.Context) {
 	defer s.saves.Wait()
 	kick := make(chan struct{}, 1)
@@ -204,6 +211,10 @@ func (s *Syncer) Run(ctx context.Context) {
 	if poll <= 0 {
 		poll = DefaultPoll
 	}
+	timeout := s.Timeout
+	if timeout <= 0 {
+		timeout = DefaultSyncTimeout
+	}
 	t := time.NewTicker(poll)
 	defer t.Stop()
 	// Once changes are quiet for compactAfter, the index's delta is folded
@@ -222,7 +233,13 @@ func (s *Syncer) Run(ctx context.Context) {
 			s.Index.Compact()
 			continue
 		}
-		err := s.step(ctx)
+		// A deadline of its own: a store that accepts and never answers
+		// (a dropped route, a hung server) fails the sync, so that the
+		// store is reported down and the next poll tries again, instead
+		// of one read waiting for good.
+		sctx, cancel := context.WithTimeout(ctx, timeout)
+		err := s.step(sctx)
+		cancel()
 		if ctx.Err() != nil {
 			return
 		}
