@@ -15,6 +15,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -442,6 +443,10 @@ func Run(ctx context.Context, cfg Config) error {
 					return err
 				}
 				if err := replReady(); err != nil {
+					// The replication package's errors name it already.
+					if strings.HasPrefix(err.Error(), "replication:") {
+						return err
+					}
 					return fmt.Errorf("replication: %w", err)
 				}
 				return nil
