@@ -51,47 +51,42 @@ func exchange(now int64, take func(*store.Memory, int64) []crdt.Slot, st [2]*sto
 	st[0].ApplyAt(now, now, b)
 }
 
+// outcome returns, of the series of metric name in reg whose outcome label
+// is value, its value as a counter and its count of samples as a histogram
+// (0 when there is no such series yet).
+func outcome(t *testing.T, reg *prometheus.Registry, name, value string) (counter float64, samples uint64) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() == value {
+					return m.GetCounter().GetValue(), m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return 0, 0
+}
+
 // denied is edgelimit_decisions_total{outcome="denied"} in reg.
 func denied(t *testing.T, reg *prometheus.Registry) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "edgelimit_decisions_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "outcome" && l.GetValue() == "denied" {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	n, _ := outcome(t, reg, "edgelimit_decisions_total", "denied")
+	return n
 }
 
-func waits(t *testing.T, reg *prometheus.Registry, outcome string) int {
+// waits is how many waits for bounded allowance ended with result in reg.
+func waits(t *testing.T, reg *prometheus.Registry, result string) int {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "edgelimit_bounded_wait_seconds" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "outcome" && l.GetValue() == outcome {
-					return int(m.GetHistogram().GetSampleCount())
-				}
-			}
-		}
-	}
-	return 0
+	_, n := outcome(t, reg, "edgelimit_bounded_wait_seconds", result)
+	return int(n)
 }
 
 // A check that a bounded limit denies while another PoP holds allowance it
