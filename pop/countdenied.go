@@ -27,7 +27,7 @@ func (e *Engine) spendDenied(ctx context.Context, s *scratch, nowNs, h int64) (i
 	var items []limit.Item
 	k := 0
 	for j, i := range s.groupIdx {
-		if it := s.groupItems[j]; it.CountDenied && !it.Shadow && it.Spec.Algorithm != limit.SlidingLog {
+		if it := s.groupItems[j]; it.CountsDenied() {
 			idx, items = append(idx, i), append(items, it)
 			continue
 		}

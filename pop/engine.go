@@ -596,8 +596,8 @@ func (e *Engine) decideRequest(ctx context.Context, now time.Time, req *Request,
 		return fmt.Errorf("pop: store: %w", err)
 	}
 	admitted = admitted && slotsOK
-	if !admitted && len(s.recount) > 0 {
-		e.countRepeated(ctx, s, nowNs)
+	if len(s.recount) > 0 {
+		e.countRepeated(ctx, s, nowNs, admitted)
 	}
 	e.settleSlots(ctx, s, res, admitted, nowNs)
 	if !admitted {
@@ -978,12 +978,12 @@ func (s *scratch) occurrenceDecision(i int, o occurrence, admitted bool) limit.D
 // liftCountDenied takes CountDenied off the items of repeated keys, so that
 // the decision says how much room such a key had even when it denies (a
 // denied CountDenied item reports none: its hits are spent), and puts them
-// in s.recount: countRepeated counts their hits when the request is denied.
-// Shadow and sliding_log items, which never count denied hits
-// (limit.Item.CountDenied), keep it.
+// in s.recount: countRepeated counts their hits when the request is denied,
+// or when a shadow one denies them. Sliding_log items, which never count
+// denied hits (limit.Item.CountsDenied), keep it.
 func (s *scratch) liftCountDenied() {
 	for _, o := range s.dups {
-		if it := &s.items[o.item]; it.CountDenied && !it.Shadow && it.Spec.Algorithm != limit.SlidingLog {
+		if it := &s.items[o.item]; it.CountsDenied() {
 			it.CountDenied = false
 			s.recount = append(s.recount, o.item)
 		}
@@ -992,12 +992,14 @@ func (s *scratch) liftCountDenied() {
 
 // countRepeated counts the hits of a denied request on the items of repeated
 // keys that count denied hits (liftCountDenied), as their CountDenied would
-// have: the store adds hits that do not fit to such an item too. Items only
+// have: the store adds hits that do not fit to such an item too. Of an
+// admitted request, it counts those of the shadow items among them that
+// denied the hits (the others that allowed them counted them). Items only
 // peeked at count nothing, as in decideGroups. The request is decided: a
 // store error here is counted, and changes no answer.
-func (e *Engine) countRepeated(ctx context.Context, s *scratch, nowNs int64) {
+func (e *Engine) countRepeated(ctx context.Context, s *scratch, nowNs int64, admitted bool) {
 	for _, i := range s.recount {
-		if s.hits[i] == 0 {
+		if s.hits[i] == 0 || admitted && s.out[i].Allowed {
 			continue
 		}
 		s.groupItems = append(s.groupItems[:0], s.items[i])

@@ -197,8 +197,8 @@ func TestRepeatedKeyDeniedFirst(t *testing.T) {
 }
 
 // TestRepeatedShadowCountDenied: with denied hits counted, a denied request
-// counts a repeated key's hits after the decision — but not a shadow
-// limit's, which never counts denied hits.
+// counts a repeated key's hits after the decision — a shadow limit's too,
+// as Envoy's ratelimit counts every descriptor's hits.
 func TestRepeatedShadowCountDenied(t *testing.T) {
 	e := newTestEngine(t)
 	e.SetCountDenied(true)
@@ -211,13 +211,13 @@ func TestRepeatedShadowCountDenied(t *testing.T) {
 	r := req(1, user, user, ip)
 	r.Descriptors[0].HitsAddend = ptr(int64(0))
 	if err := e.CheckAt(ctx, t0, r, &res); err != nil || res.Code != OverLimit ||
-		!res.Statuses[0].Shadow || res.Statuses[0].Remaining != 1 || res.Statuses[1].Remaining != 1 {
+		!res.Statuses[0].Shadow || res.Statuses[0].Remaining != 1 || res.Statuses[1].Remaining != 0 {
 		t.Fatalf("denied: %v %+v", err, res)
 	}
 	peek := req(1, user)
 	peek.Descriptors[0].HitsAddend = ptr(int64(0))
-	if err := e.CheckAt(ctx, t0, peek, &res); err != nil || res.Statuses[0].Remaining != 1 {
-		t.Fatalf("shadow after: %v %+v, want 1 remaining: the denied request counted nothing on it", err, res.Statuses[0])
+	if err := e.CheckAt(ctx, t0, peek, &res); err != nil || res.Statuses[0].Remaining != 0 {
+		t.Fatalf("shadow after: %v %+v, want none remaining: the denied request counted its hit on it", err, res.Statuses[0])
 	}
 }
 

@@ -21,6 +21,7 @@ func (e *Engine) decideQuotaMode(ctx context.Context, s *scratch, nowNs int64) (
 		if l.QuotaMode {
 			s.groupIdx = append(s.groupIdx, i)
 			s.groupItems = append(s.groupItems, s.items[i])
+			s.groupItems[len(s.groupItems)-1].CountDenied = false // a peek counts nothing
 		}
 	}
 	s.groupOut = append(s.groupOut[:0], make([]limit.Decision, len(s.groupIdx))...)
@@ -40,8 +41,9 @@ func (e *Engine) decideQuotaMode(ctx context.Context, s *scratch, nowNs int64) (
 	}
 	// Denied for its quotas: every item is only peeked at, so nothing is
 	// spent — but the items that count denied hits (SetCountDenied), which
-	// are decided and counted as the peer counts them — and the quota items
-	// report the peek that found them over.
+	// are decided and counted as the peer counts them, quota items too — and
+	// the quota items report the peek that found them over, with no room
+	// left when their hits were counted.
 	over := make([]limit.Decision, len(s.out))
 	copy(over, s.out)
 	for i := range s.hits {
@@ -56,6 +58,9 @@ func (e *Engine) decideQuotaMode(ctx context.Context, s *scratch, nowNs int64) (
 		if l.QuotaMode && !over[i].Allowed {
 			s.out[i] = over[i]
 			s.out[i].RetryAfter = max(over[i].Reset, 1)
+			if s.hits[i] > 0 && s.items[i].CountsDenied() {
+				s.out[i].Remaining = 0
+			}
 		}
 	}
 	return false, nil

@@ -89,7 +89,10 @@ type Item struct {
 	// as Envoy's ratelimit counts every hit (INCRBY before the comparison);
 	// the decision is the same, but a client that keeps sending stays over.
 	// It applies to the window algorithms, token_bucket and gcra (a sliding
-	// log keeps one entry per admitted hit); shadow items ignore it.
+	// log keeps one entry per admitted hit). A shadow item with it counts
+	// every hit too, past its limit and when another item denies the
+	// request, as the peer counts a shadow or quota-mode limit; without it a
+	// shadow item stops counting at its limit.
 	CountDenied bool
 	// Shrunk items are a global limit cut to this PoP's share while its
 	// region is cut off from others (pop.Engine.SetGlobalShare). Their
@@ -113,16 +116,18 @@ type Item struct {
 	Again bool
 }
 
-// countsDenied reports whether it adds its hits to a denied request.
-func (it *Item) countsDenied() bool {
-	return it.CountDenied && !it.Shadow && it.Spec.Algorithm != SlidingLog
+// CountsDenied reports whether it adds its hits to a denied request, or,
+// for a shadow item, hits past its limit: CountDenied on an algorithm that
+// can count them. Every store applies it as Decide does.
+func (it *Item) CountsDenied() bool {
+	return it.CountDenied && it.Spec.Algorithm != SlidingLog
 }
 
 // Take is Spec.Take for a request that matched this one item: it also
 // counts denied hits when the item says so (CountDenied).
 func (it *Item) Take(st *State, now, hits int64) Decision {
 	d := it.Spec.Take(st, now, hits)
-	if !d.Allowed && it.countsDenied() {
+	if !d.Allowed && it.CountsDenied() {
 		it.Spec.Add(st, now, hits)
 		d.Remaining = 0 // what the peek had is spent now
 	}
@@ -145,9 +150,10 @@ func Admit(items []Item, ds []Decision) bool {
 // every store implements: each state is advanced and asked, and only when the
 // request is admitted (Admit) are hits added, and then only to the items that
 // allowed them (a shadow item over its limit stays at its limit). A denied
-// request therefore consumes no quota of any limit it matched — except of
-// its CountDenied items, which count the hits whatever the outcome. The caller
-// holds whatever locks make the step atomic; states[i] belongs to items[i].
+// request therefore consumes no quota of any limit it matched — except of its
+// CountDenied items, which count the hits whatever the outcome, a shadow one
+// past its limit too. The caller holds whatever locks make the step atomic;
+// states[i] belongs to items[i].
 func Decide(now, hits int64, items []Item, states []*State, out []Decision) bool {
 	for i := range items {
 		items[i].Spec.Advance(states[i], now)
@@ -158,10 +164,10 @@ func Decide(now, hits int64, items []Item, states []*State, out []Decision) bool
 		switch {
 		case ok && out[i].Allowed:
 			items[i].Spec.Add(states[i], now, hits)
-		case items[i].countsDenied():
-			// Denied (ok is false): Envoy's way counts the hits anyway. An
-			// item that allowed them reports the room after them already;
-			// one that denied them has none left.
+		case items[i].CountsDenied():
+			// Denied (the request, or a shadow item's own limit): Envoy's
+			// way counts the hits anyway. An item that allowed them reports
+			// the room after them already; one that denied them has none left.
 			items[i].Spec.Add(states[i], now, hits)
 			if !out[i].Allowed {
 				out[i].Remaining = 0

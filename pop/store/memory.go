@@ -167,7 +167,7 @@ func (s *Memory) CheckAt(_ context.Context, now, hits int64, items []limit.Item,
 		sh.mu.Lock()
 		if i := sh.get(s, h, items[0].Key, now); i >= 0 {
 			sl := &sh.t.slots[i]
-			out[0] = items[0].Take(&sl.st, now, hits) // a shadow limit adds only what it allowed, as Decide does
+			out[0] = items[0].Take(&sl.st, now, hits) // a shadow limit adds past its limit only with CountDenied, as Decide does
 			sl.idleAt = items[0].Spec.IdleAt(&sl.st)
 			if s.durable && out[0].Allowed && hits > 0 {
 				s.noteChanged(int(h>>56), h)

@@ -653,7 +653,7 @@ func (r *request) prepare(s *Redis, now, hits int64, items []limit.Item, sts []l
 	r.res = r.res[:0]
 	for i := range items {
 		r.shadow = append(r.shadow, items[i].Shadow)
-		r.cd = append(r.cd, !items[i].Shadow && items[i].CountDenied && items[i].Spec.Algorithm != limit.SlidingLog)
+		r.cd = append(r.cd, items[i].CountsDenied())
 		r.res = append(r.res, limit.Decision{})
 	}
 	for i := range r.calls {
@@ -731,12 +731,12 @@ func (r *request) newCall(slot int) *call {
 // Unheard (0 for an item not counted across PoPs).
 func (c *call) add(s *Redis, kbuf []byte, i int, it *limit.Item, now int64, unheard float64) {
 	sp := it.Spec
-	var shadow byte // check.lua: 1 shadow, 2 counts denied hits
-	switch {
-	case it.Shadow:
+	var shadow byte // check.lua: 1 shadow, 2 counts denied hits, 3 both
+	if it.Shadow {
 		shadow = 1
-	case it.CountDenied && sp.Algorithm != limit.SlidingLog:
-		shadow = 2
+	}
+	if it.CountsDenied() {
+		shadow += 2
 	}
 	c.keys = append(c.keys, string(appendRedisKey(kbuf, it)))
 	c.idx = append(c.idx, i)

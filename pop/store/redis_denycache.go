@@ -250,7 +250,7 @@ func (s *Redis) denyLocally(now int64, items []limit.Item, out []limit.Decision)
 		if s.replicates(&items[i]) || !c.lookup(now, &items[i], &out[i]) {
 			return false
 		}
-		counts = counts || items[i].CountDenied && !items[i].Shadow && items[i].Spec.Algorithm != limit.SlidingLog
+		counts = counts || items[i].CountsDenied()
 	}
 	if counts && !s.countDenied(now, items) {
 		return false

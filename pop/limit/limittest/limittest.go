@@ -283,6 +283,55 @@ var Cases = []Case{
 			{At: 0, Limit: []int{0}, Times: 96, Admitted: 95},
 		},
 	},
+	{
+		// Envoy's way counts a shadow (or quota-mode) limit's every hit:
+		// past its limit, a request that would fit its count before the
+		// denial no longer does, and it stays over for the window.
+		Name:        "counting denied hits counts a shadow limit past its limit",
+		Limits:      []limit.Spec{{Algorithm: limit.FixedWindow, Limit: 3, Window: minute}},
+		Shadow:      []bool{true},
+		CountDenied: true,
+		Steps: []Step{
+			{At: 0, Hits: 2, Admitted: 1, Want: []limit.Decision{{Allowed: true, Remaining: 1, Reset: minute}}},
+			{At: time.Second, Hits: 2, Admitted: 1, Want: []limit.Decision{{
+				Remaining: 0, RetryAfter: 59 * second, Reset: 59 * second,
+			}}},
+			{At: 2 * time.Second, Admitted: 1, Want: []limit.Decision{{
+				Remaining: 0, RetryAfter: 58 * second, Reset: 58 * second,
+			}}},
+		},
+	},
+	{
+		Name: "counting denied hits counts a shadow limit beside one that denies",
+		Limits: []limit.Spec{
+			{Algorithm: limit.FixedWindow, Limit: 1, Window: minute},
+			{Algorithm: limit.FixedWindow, Limit: 3, Window: minute},
+		},
+		Shadow:      []bool{false, true},
+		CountDenied: true,
+		Steps: []Step{
+			{At: 0, Limit: []int{0, 1}, Times: 3, Admitted: 1, Want: []limit.Decision{
+				{Allowed: false, Remaining: 0, RetryAfter: minute, Reset: minute},
+				{Allowed: true, Remaining: 0, Reset: minute},
+			}},
+			{At: 0, Limit: []int{1}, Admitted: 1, Want: []limit.Decision{
+				{Allowed: false, Remaining: 0, RetryAfter: minute, Reset: minute},
+			}},
+		},
+	},
+	{
+		// Without CountDenied a shadow limit stops counting at its limit.
+		Name:   "a shadow limit stops counting at its limit",
+		Limits: []limit.Spec{{Algorithm: limit.FixedWindow, Limit: 3, Window: minute}},
+		Shadow: []bool{true},
+		Steps: []Step{
+			{At: 0, Hits: 2, Admitted: 1},
+			{At: time.Second, Hits: 2, Admitted: 1, Want: []limit.Decision{{
+				Remaining: 1, RetryAfter: 59 * second, Reset: 59 * second,
+			}}},
+			{At: 2 * time.Second, Admitted: 1, Want: []limit.Decision{{Allowed: true, Remaining: 0, Reset: 58 * second}}},
+		},
+	},
 	// Long and custom windows (week, month, year, unit_multiplier): fixed
 	// lengths aligned to the Unix epoch, as Envoy's ratelimit counts them.
 	{

@@ -32,7 +32,8 @@
 -- then its n items, each "<BBi8i8" and its algorithm's own fields:
 --   algorithm (0 sliding_window, 1 fixed_window, 2 token_bucket, 3 gcra,
 --   4 sliding_log), shadow (0, 1 shadow, 2 counts its hits even when the
---   request is denied: limit.Item.CountDenied), limit, window (ns), then
+--   request is denied: limit.Item.CountDenied, 3 both: a shadow item that
+--   counts its hits past its limit too), limit, window (ns), then
 --     sliding_window, fixed_window "<i8i8i4BdB": window index
 --       floor(now / window), now - index*window, remote (0, or r > 0 for an
 --       item counted across PoPs: its remote hashes for windows index and
@@ -432,7 +433,7 @@ while p <= nblob do
   for i = 1, n do
     local alg, shadow, lim, w
     alg, shadow, lim, w, p = sunpack('<BBi8i8', blob, p)
-    local it = { key = KEYS[k + i - 1], alg = alg, limit = lim, w = w, shadow = shadow == 1, cd = shadow == 2, rk = 0 }
+    local it = { key = KEYS[k + i - 1], alg = alg, limit = lim, w = w, shadow = shadow % 2 == 1, cd = shadow >= 2, rk = 0 }
     if alg <= 1 then
       local r, f, shrunk
       it.idx, it.off, r, f, it.u, shrunk, p = sunpack('<i8i8i4BdB', blob, p)
