@@ -136,7 +136,9 @@ func (b *bounded) state(it *limit.Item, now int64) limit.State {
 
 // settle counts a bounded item's hits once the request is decided: its
 // admission when the request is admitted and it allowed it, its demand
-// alone otherwise (once per check: not when it is decided Again). It returns whether the hits were counted as admitted.
+// alone otherwise — once per check, not again when a check that waited for
+// allowance is decided Again. It returns whether the hits were counted as
+// admitted.
 func (b *bounded) settle(it *limit.Item, now, hits int64, admitted bool) bool {
 	l, key, sp := b.ledger(it.Scope), borrowKey(it), escrowSpec(&it.Spec)
 	if admitted {
