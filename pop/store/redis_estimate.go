@@ -57,7 +57,7 @@ func (s *Redis) estimates(now int64, items []limit.Item, sts []limit.State) []li
 	for i := range items {
 		var st limit.State
 		if s.replicates(&items[i]) {
-			st = e.state(&items[i], now)
+			st = e.stateOf(&items[i], now)
 		}
 		sts = append(sts, st)
 	}

@@ -146,7 +146,7 @@ func TestRedisClockStepParity(t *testing.T) {
 			red.Apply(sent, slot)
 		}
 		mem.rep.mu.Lock()
-		mu := mem.rep.state(&it, now).Unheard
+		mu := mem.rep.stateOf(&it, now).Unheard
 		mem.rep.mu.Unlock()
 		if ru := red.estimates(red.DecisionTime(now), []limit.Item{it}, nil)[0].Unheard; math.Abs(mu-ru) > 1e-9 {
 			t.Fatalf("at +%v (wall): Unheard %v embedded, %v Redis", time.Duration(w-t0), mu, ru)

@@ -216,7 +216,7 @@ func (s *Redis) recheckOffline(now, hits int64, items []limit.Item, out []limit.
 	e := s.est
 	e.mu.Lock()
 	for _, i := range suspect {
-		st := e.state(&items[i], now)
+		st := e.stateOf(&items[i], now)
 		items[i].Spec.Advance(&st, now)
 		if !items[i].Spec.Peek(&st, now, hits).Allowed {
 			deny = true

@@ -42,11 +42,14 @@ type replicated struct {
 }
 
 // stateOf is the State a replicated item decides on at now: the ledger's
-// room for a bounded item, else own and remote counts with the estimate.
+// room for a bounded item, else own and remote counts with the estimate,
+// less than half a hit taken as none (estimate.Counted).
 // Requires r.mu held.
 func (r *replicated) stateOf(it *limit.Item, now int64) limit.State {
 	if !isBounded(it) {
-		return r.state(it, now)
+		st := r.state(it, now)
+		st.Unheard = estimate.Counted(st.Unheard) // less than half a hit is none
+		return st
 	}
 	if r.esc == nil {
 		return limit.State{Start: limit.WindowStart(now, it.Spec.Window), Unheard: float64(it.Spec.Limit)}
@@ -183,7 +186,6 @@ func (r *replicated) state(it *limit.Item, now int64) limit.State {
 			if rh := u.nearOf(key); rh != nil && settles(it) {
 				st.Unheard = max(st.Unheard+r.settle(u, rh, ho, hr, it.Spec.Limit, start, w, now, in), 0)
 			}
-			st.Unheard = estimate.Whole(st.Unheard)
 		}
 	}
 	return st

@@ -1,9 +1,6 @@
 package estimate
 
-import (
-	"math"
-	"slices"
-)
+import "slices"
 
 // Key is this PoP's side of the estimate of one key at an instant: the
 // instant, the key's current window, and what this PoP itself admitted of
@@ -313,12 +310,20 @@ func ownSliding(own, ownPrev uint64, weight float64) float64 {
 	return float64(ownPrev)*weight + float64(own)
 }
 
-// Whole is an estimate of unheard hits as a decision takes it: to the
-// nearest whole hit. Hits are admitted whole, so a guess of a fraction of
-// one is the chance that one was admitted, not a part of a hit. Taken as
-// it is, any fraction withheld a limit's last hit for as long as any rate
-// was guessed — on a limit of an hour, the whole hour after a client paused
-// one hit short of it, at every PoP, while every replica's news said it
-// admitted nothing more. Rounded, a guess counts once it stands for half a
-// hit or more.
-func Whole(unheard float64) float64 { return math.Round(unheard) }
+// Counted is an estimate of unheard hits as a decision takes it: a guess of
+// less than half a hit is none. Hits are admitted whole, and such a guess —
+// the few hundredths of a hit that an idle replica's rate over an hour's
+// window times the age of its last snapshot comes to — is the chance that
+// one was admitted, less than even. Taken as it is, it withheld a limit's
+// last hit for as long as any rate was guessed: on a limit of an hour, the
+// whole hour after a client paused one hit short of it, at every PoP, while
+// every replica's news said it admitted nothing more. A larger guess is
+// taken as it is: there the estimate follows traffic that is really
+// arriving, and rounding it moved the worst windows of sprays by chance
+// either way.
+func Counted(unheard float64) float64 {
+	if unheard < 0.5 {
+		return 0
+	}
+	return unheard
+}
