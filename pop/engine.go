@@ -652,7 +652,7 @@ func (s *scratch) deniedSpentNothing() bool {
 	}
 	for i := range s.items {
 		it := &s.items[i]
-		if s.hits[i] != s.hits[0] || it.CountDenied && !it.Shadow || it.Consistency == limit.Strong && it.Scope != limit.ScopePOP {
+		if s.hits[i] != s.hits[0] || it.CountsDenied() || it.Consistency == limit.Strong && it.Scope != limit.ScopePOP {
 			return false
 		}
 	}
