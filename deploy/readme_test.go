@@ -190,11 +190,6 @@ func TestDocsPurposeLine(t *testing.T) {
 	}
 }
 
-// historyPending are pages another change is rewriting now, whose lines of
-// development history that change removes; the test names them and their
-// lines in its log until then. Empty it when they are clean.
-var historyPending = map[string]bool{}
-
 // TestDocsNoHistory: the documents describe edgelimit as it is, not how it
 // came to be: no issue or pull-request numbers, commit hashes, work sessions
 // or work logs (the git history keeps those).
@@ -213,10 +208,6 @@ func TestDocsNoHistory(t *testing.T) {
 			for _, re := range history {
 				for _, m := range re.FindAllString(line, -1) {
 					if re == history[len(history)-1] && (len(m) < 7 || len(m) > 40) {
-						continue
-					}
-					if historyPending[file] {
-						t.Logf("%s:%d: %q is development history (pending another change to the page)", file, n+1, m)
 						continue
 					}
 					t.Errorf("%s:%d: %q is development history; the git history keeps it", file, n+1, m)
