@@ -187,7 +187,7 @@ func nkeyUsers(keys []PoPKey) []*server.NkeyUser {
 		var pub, sub []string
 		switch k.POP {
 		case LeafUser:
-			out = append(out, &server.NkeyUser{Nkey: k.PublicKey})
+			out = append(out, &server.NkeyUser{Nkey: k.PublicKey, AllowedConnectionTypes: leafOnly})
 			continue
 		case AdminUser:
 			pub, sub = AdminPermissions()
@@ -203,10 +203,22 @@ func nkeyUsers(keys []PoPKey) []*server.NkeyUser {
 			// reply per request, within two minutes): Permissions.
 			perms.Response = &server.ResponsePermission{}
 		}
-		out = append(out, &server.NkeyUser{Nkey: k.PublicKey, Permissions: perms})
+		out = append(out, &server.NkeyUser{Nkey: k.PublicKey, Permissions: perms, AllowedConnectionTypes: clientsOnly})
 	}
 	return out
 }
+
+// The connection types each key may log in with (nats-server's
+// allowed_connection_types; the names are the jwt package's). The leaf key
+// links regions and nothing else; a PoP's or the admin's key is a client's,
+// over TCP or in process. Without them the server let any listed key in by
+// either door: a PoP's own seed linked a region as a leaf, a link that
+// carried that PoP's permissions, and the leaf key, which has none, could
+// connect as a client.
+var (
+	leafOnly    = map[string]struct{}{"LEAFNODE": {}}
+	clientsOnly = map[string]struct{}{"STANDARD": {}, "IN_PROCESS": {}}
+)
 
 // ErrOpenServer is returned by StartServer for a server that would listen
 // beyond loopback and let anyone in: give it ServerConfig.Users.

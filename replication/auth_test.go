@@ -2,6 +2,7 @@ package replication_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -153,4 +154,53 @@ func TestOpenServerRefused(t *testing.T) {
 		t.Fatalf("StartServer on 0.0.0.0 without users: %v, want ErrOpenServer", err)
 	}
 	t.Log(err)
+}
+
+// TestLeafKeyOnlyLinks: on an embedded hub with per-PoP keys, only the leaf
+// key links a region, and it links nothing else: a PoP's own seed is
+// refused as a leaf login, and the leaf key as a client.
+func TestLeafKeyOnlyLinks(t *testing.T) {
+	dir := t.TempDir()
+	popFile, popPub := popSeed(t, dir, "fra1")
+	leafFile, leafPub := popSeed(t, dir, "leaf")
+	port := natstest.FreePort(t)
+	hub, err := replication.StartServer(replication.ServerConfig{Name: "eu", Dir: filepath.Join(dir, "eu"), Port: -1, Domain: "eu",
+		Users: []replication.PoPKey{{Region: "eu", POP: "fra1", PublicKey: popPub}, {POP: replication.LeafUser, PublicKey: leafPub}},
+		Leaf:  &replication.LeafConfig{Port: port}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(hub.Shutdown)
+
+	if nc, err := nats.Connect(hub.ClientURL(), mustNkey(t, leafFile)); err == nil {
+		nc.Close()
+		t.Fatal("the leaf key was let in as a client")
+	} else if !errors.Is(err, nats.ErrAuthorization) {
+		t.Fatalf("the leaf key as a client: %v, want an authorization violation", err)
+	}
+
+	leaf := func(name, seed string) {
+		s, err := replication.StartServer(replication.ServerConfig{Name: name, Dir: filepath.Join(dir, name), Port: -1, Domain: name,
+			Leaf: &replication.LeafConfig{Remotes: [][]string{{fmt.Sprintf("nats-leaf://127.0.0.1:%d", port)}},
+				RemoteNKeySeedFile: seed, ReconnectInterval: 50 * time.Millisecond}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Shutdown)
+	}
+	// The PoP's seed first: it has had every chance to link by the time the
+	// leaf key's server has.
+	leaf("us", popFile)
+	leaf("ap", leafFile)
+	if _, err := waitFor(30*time.Second, func() error {
+		if hub.NumLeafNodes() == 0 {
+			return errors.New("the leaf key's region has not linked")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n := hub.NumLeafNodes(); n != 1 {
+		t.Fatalf("%d leaf links, want 1: a PoP's key linked a region as a leaf", n)
+	}
 }

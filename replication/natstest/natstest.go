@@ -67,7 +67,7 @@ func StartRegions(t testing.TB, regions ...string) *Cluster {
 	hub := regions[0]
 	leafPort := 0
 	if len(regions) > 1 {
-		leafPort = freePort(t)
+		leafPort = FreePort(t)
 	}
 	c.start(t, hub, &replication.LeafConfig{Port: leafPort, NoAdvertise: true})
 	for _, r := range regions[1:] {
@@ -105,8 +105,8 @@ func (c *Cluster) start(t testing.TB, region string, leaf *replication.LeafConfi
 	c.servers[region] = s
 }
 
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort(t testing.TB) int {
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
