@@ -2,19 +2,13 @@ package quota_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"net/url"
 	"os"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/edgelimit/edgelimit/pop/quota"
-	"github.com/edgelimit/edgelimit/pop/quota/pgtest"
 	"github.com/edgelimit/edgelimit/pop/rules"
 )
 
@@ -36,36 +30,7 @@ func TestPostgresDocumentedGrants(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dbURL := pgtest.Database(t)
-	admin, err := quota.OpenPostgres(ctx, dbURL) // the operator migrates
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	if _, err := admin.Put(ctx, &quota.Quota{APIKey: "abc123", Tier: "pro"}, "test"); err != nil {
-		t.Fatal(err)
-	}
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	role := "edgelimit_doc_" + hex.EncodeToString(b[:])
-	u, _ := url.Parse(dbURL)
-	dbName := u.Path[1:]
-	conn, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		c, err := pgx.Connect(ctx, pgtest.ServerURL())
-		if err != nil {
-			return
-		}
-		defer c.Close(context.Background())
-		_, _ = c.Exec(ctx, "DROP DATABASE IF EXISTS "+dbName+" WITH (FORCE)")
-		_, _ = c.Exec(ctx, "DROP ROLE IF EXISTS "+role)
-	})
+	f := migratedForRole(ctx, t, "edgelimit_doc_")
 	run := func(block string) {
 		t.Helper()
 		for _, stmt := range strings.Split(block, ";") {
@@ -80,21 +45,20 @@ func TestPostgresDocumentedGrants(t *testing.T) {
 				continue
 			}
 			if strings.HasPrefix(q, "CREATE ROLE") {
-				q = "CREATE ROLE " + role + " LOGIN" // the docs' password is a placeholder
+				q = "CREATE ROLE " + f.role + " LOGIN" // the docs' password is a placeholder
 			}
-			q = strings.ReplaceAll(q, "edgelimit_pop", role)
-			q = strings.ReplaceAll(q, "DATABASE quotas", "DATABASE "+dbName)
-			if _, err := conn.Exec(ctx, q); err != nil {
+			q = strings.ReplaceAll(q, "edgelimit_pop", f.role)
+			q = strings.ReplaceAll(q, "DATABASE quotas", "DATABASE "+f.dbName)
+			if _, err := f.conn.Exec(ctx, q); err != nil {
 				t.Fatalf("the docs' %q: %v", q, err)
 			}
 		}
 	}
-	if _, err := conn.Exec(ctx, "REVOKE CREATE ON SCHEMA public FROM PUBLIC"); err != nil {
+	if _, err := f.conn.Exec(ctx, "REVOKE CREATE ON SCHEMA public FROM PUBLIC"); err != nil {
 		t.Fatal(err)
 	}
 	run(blocks[0][1])
-	u.User = url.User(role)
-	ro, err := quota.OpenPostgres(ctx, u.String())
+	ro, err := quota.OpenPostgres(ctx, f.roleURL())
 	if err != nil {
 		t.Fatalf("open with the docs' read-only role: %v", err)
 	}

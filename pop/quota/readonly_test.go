@@ -22,51 +22,19 @@ import (
 func TestPostgresReadOnlyRole(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dbURL := pgtest.Database(t)
-	admin, err := quota.OpenPostgres(ctx, dbURL) // the operator migrates
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	if _, err := admin.Put(ctx, &quota.Quota{APIKey: "abc123", Tier: "pro"}, "test"); err != nil {
-		t.Fatal(err)
-	}
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	role := "edgelimit_ro_" + hex.EncodeToString(b[:])
-	conn, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	u, _ := url.Parse(dbURL)
-	dbName := u.Path[1:]
+	f := migratedForRole(ctx, t, "edgelimit_ro_")
 	for _, q := range []string{
-		"CREATE ROLE " + role + " LOGIN",
+		"CREATE ROLE " + f.role + " LOGIN",
 		"REVOKE CREATE ON SCHEMA public FROM PUBLIC",
-		"GRANT CONNECT ON DATABASE " + dbName + " TO " + role,
-		"GRANT USAGE ON SCHEMA public TO " + role,
-		"GRANT SELECT ON ALL TABLES IN SCHEMA public TO " + role,
+		"GRANT CONNECT ON DATABASE " + f.dbName + " TO " + f.role,
+		"GRANT USAGE ON SCHEMA public TO " + f.role,
+		"GRANT SELECT ON ALL TABLES IN SCHEMA public TO " + f.role,
 	} {
-		if _, err := conn.Exec(ctx, q); err != nil {
+		if _, err := f.conn.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		c, err := pgx.Connect(ctx, pgtest.ServerURL())
-		if err != nil {
-			return
-		}
-		defer c.Close(context.Background())
-		// Cleanups run last in, first out: this one before pgtest's, so
-		// the database (which holds the role's grants) goes first here.
-		_, _ = c.Exec(ctx, "DROP DATABASE IF EXISTS "+dbName+" WITH (FORCE)")
-		_, _ = c.Exec(ctx, "DROP ROLE IF EXISTS "+role)
-	})
-	u.User = url.User(role)
-	ro, err := quota.OpenPostgres(ctx, u.String())
+	ro, err := quota.OpenPostgres(ctx, f.roleURL())
 	if err != nil {
 		t.Fatalf("open with a read-only role on a migrated database: %v", err)
 	}
@@ -79,4 +47,59 @@ func TestPostgresReadOnlyRole(t *testing.T) {
 	if _, err := ro.Put(ctx, &quota.Quota{APIKey: "abc123", Tier: "free"}, "test"); err == nil {
 		t.Fatal("Put with a read-only role succeeded")
 	}
+}
+
+// roleFixture is a database an operator migrated, holding abc123's quota
+// (tier pro), an operator's connection to it, and the name of a role that
+// does not exist yet: the test creates it, and a cleanup drops it with the
+// database.
+type roleFixture struct {
+	url          *url.URL // the database, as the operator
+	dbName, role string
+	conn         *pgx.Conn
+}
+
+// migratedForRole makes a roleFixture whose role is named prefix and a
+// random suffix.
+func migratedForRole(ctx context.Context, t *testing.T, prefix string) roleFixture {
+	t.Helper()
+	dbURL := pgtest.Database(t)
+	admin, err := quota.OpenPostgres(ctx, dbURL) // the operator migrates
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.Put(ctx, &quota.Quota{APIKey: "abc123", Tier: "pro"}, "test"); err != nil {
+		t.Fatal(err)
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	f := roleFixture{role: prefix + hex.EncodeToString(b[:])}
+	f.url, _ = url.Parse(dbURL)
+	f.dbName = f.url.Path[1:]
+	if f.conn, err = pgx.Connect(ctx, dbURL); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.conn.Close(context.Background()) })
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, pgtest.ServerURL())
+		if err != nil {
+			return
+		}
+		defer c.Close(context.Background())
+		// Cleanups run last in, first out: this one before pgtest's, so
+		// the database (which holds the role's grants) goes first here.
+		_, _ = c.Exec(ctx, "DROP DATABASE IF EXISTS "+f.dbName+" WITH (FORCE)")
+		_, _ = c.Exec(ctx, "DROP ROLE IF EXISTS "+f.role)
+	})
+	return f
+}
+
+// roleURL is the database's URL as the fixture's role.
+func (f roleFixture) roleURL() string {
+	u := *f.url
+	u.User = url.User(f.role)
+	return u.String()
 }
