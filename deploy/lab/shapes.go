@@ -191,15 +191,13 @@ func (l *lab) shapeLimit(shape string) LedgerLimit {
 // HubRouted lays it out), and one TCP retransmission (Linux's 200 ms floor)
 // where links lose.
 func Staleness(sc simulate.Scenario) time.Duration {
-	var worst time.Duration
 	lossy := sc.Loss > 0
 	for _, l := range sc.Latency {
-		worst = max(worst, time.Duration((l.Ms+2*l.JitterMs)*float64(time.Millisecond)))
 		if l.Loss != nil && *l.Loss > 0 {
 			lossy = true
 		}
 	}
-	s := sc.FlushInterval + 2*worst
+	s := sc.FlushInterval + 2*slowestLink(sc)
 	if lossy {
 		s += 200 * time.Millisecond
 	}
@@ -246,11 +244,17 @@ func ShapeScenario(sc simulate.Scenario, shape, c string, span time.Duration) si
 // be judged by a window the lab's PoPs never see.
 func ShapeLead(sc simulate.Scenario) time.Duration {
 	lead := cmp.Or(sc.SnapshotInterval, 5*time.Second) + cmp.Or(sc.FlushInterval, 100*time.Millisecond)
-	var slowest time.Duration
+	return lead + 2*slowestLink(sc)
+}
+
+// slowestLink is the one-way delay of sc's slowest link, its jitter twice
+// over.
+func slowestLink(sc simulate.Scenario) time.Duration {
+	var worst time.Duration
 	for _, l := range sc.Latency {
-		slowest = max(slowest, time.Duration((l.Ms+2*l.JitterMs)*float64(time.Millisecond)))
+		worst = max(worst, time.Duration((l.Ms+2*l.JitterMs)*float64(time.Millisecond)))
 	}
-	return lead + 2*slowest
+	return worst
 }
 
 // decide sends one check of the shapes' key with value shape to h and
